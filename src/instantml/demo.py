@@ -1,0 +1,114 @@
+"""``instantml demo``: a real multi-process job against a real server.
+
+Eight rank processes each fit a small linear model by SGD on their own data shard and log
+``train/loss``, ``optimizer/grad_norm`` and ``perf/step_time_ms`` per rank, with their batch
+size as weight. Rank 5 has a noisier shard and a slower step; rank 3 dies after 60% of the
+steps; rank 7 uses a 4x larger batch, so weighted and plain means part.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import os
+import random
+import time
+import uuid
+from pathlib import Path
+
+SLOW_RANK, DEAD_RANK, BIG_BATCH_RANK = 5, 3, 7
+
+
+def worker(rank: int, world_size: int, steps: int, env: dict[str, str], upload_mode: str) -> None:
+    os.environ.update(env)
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank % 4))
+    import instantml as im
+
+    run = im.init(
+        project="demo",
+        name="distributed-demo",
+        upload_mode=upload_mode,
+        config={"world_size": world_size, "lr": 0.05, "steps": steps},
+    )
+    rng = random.Random(1000 + rank)
+    noise = 1.5 if rank == SLOW_RANK else 0.3
+    batch = 256 if rank == BIG_BATCH_RANK else 64
+    w, b = 0.0, 0.0
+    for step in range(steps):
+        started = time.perf_counter()
+        xs = [rng.uniform(-1, 1) for _ in range(batch)]
+        ys = [3.0 * x + 2.0 + rng.gauss(0, noise) for x in xs]
+        errs = [w * x + b - y for x, y in zip(xs, ys)]
+        loss = sum(e * e for e in errs) / batch
+        gw = 2 * sum(e * x for e, x in zip(errs, xs)) / batch
+        gb = 2 * sum(errs) / batch
+        w, b = w - 0.05 * gw, b - 0.05 * gb
+        time.sleep(0.004 + (0.006 + rng.random() * 0.01 if rank == SLOW_RANK else 0.0))
+        step_ms = (time.perf_counter() - started) * 1000
+        run.log_rank_metrics(
+            {
+                "train/loss": loss,
+                "optimizer/grad_norm": math.hypot(gw, gb),
+                "perf/step_time_ms": step_ms,
+            },
+            step=step,
+            weight=batch,
+        )
+        if rank == 0 and step % 10 == 0:
+            run.log({"eval/w_error": abs(w - 3.0)}, step=step)
+        if rank == DEAD_RANK and step == int(steps * 0.6):
+            run.flush(10)
+            os._exit(1)  # dies without finishing, as a crashed worker would
+    run.finish()
+
+
+def main(
+    data_dir: Path, port: int, world_size: int, steps: int, upload_mode: str, serve: bool
+) -> int:
+    from .server.process import ServerProcess
+
+    server = ServerProcess(data_dir, port=port, log_path=data_dir.parent / "demo-server.log")
+    print(f"Starting the server on {server.url} (data: {data_dir}) ...", flush=True)
+    server.start()
+    try:
+        run_id = f"demo-{uuid.uuid4().hex[:8]}"
+        env = {
+            "INSTANTML_RUN_ID": run_id,
+            "INSTANTML_API_KEY": server.admin_key,
+            "INSTANTML_API_BASE_URL": server.url,
+        }
+        print(
+            f"Running {world_size} rank processes for {steps} steps (run {run_id}) ...", flush=True
+        )
+        started = time.perf_counter()
+        ctx = mp.get_context("spawn")
+        procs = [
+            ctx.Process(target=worker, args=(r, world_size, steps, env, upload_mode))
+            for r in range(world_size)
+        ]
+        for proc in procs:
+            proc.start()
+        for proc in procs:
+            proc.join()
+        codes = {r: p.exitcode for r, p in enumerate(procs)}
+        print(
+            f"Job done in {time.perf_counter() - started:.1f}s; exit codes {codes}"
+            f" (rank {DEAD_RANK} dies on purpose)"
+        )
+        print(f"Run id: {run_id}")
+        print(f"Dashboard: {server.url}/?token={server.admin_key}#/runs/{run_id}")
+        print(f"Summary:   instantml ranks {run_id}   (with INSTANTML_API_BASE_URL={server.url})")
+        bad = [r for r, c in codes.items() if c != 0 and r != DEAD_RANK]
+        if bad:
+            print(f"error: ranks {bad} failed; server log: {server.log()}")
+            return 1
+        if serve:
+            print("Serving; press Ctrl-C to stop.", flush=True)
+            try:
+                while server.proc is not None and server.proc.poll() is None:
+                    time.sleep(0.5)
+            except KeyboardInterrupt:
+                pass
+        return 0
+    finally:
+        server.stop()

@@ -1,0 +1,83 @@
+"""Where the SDK finds its key, its server and its run id."""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+
+from .. import validation
+
+DEFAULT_BASE_URL = "http://127.0.0.1:8765"
+
+
+def credentials_file() -> Path:
+    return Path.home() / ".instantml" / "credentials"
+
+
+def read_credentials(path: Path | None = None) -> dict[str, str]:
+    """``key = "value"`` lines (the public SDK's TOML file); {} when absent or unreadable."""
+    path = path or credentials_file()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return {}
+    values: dict[str, str] = {}
+    for line in text.splitlines():
+        match = re.match(r'^\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"([^"]*)"\s*$', line)
+        if match:
+            values[match.group(1)] = match.group(2)
+    return values
+
+
+def resolve_api_key(api_key: str | None, environ: Mapping[str, str] = os.environ) -> str | None:
+    return api_key or environ.get("INSTANTML_API_KEY") or read_credentials().get("api_key")
+
+
+def resolve_base_url(base_url: str | None, environ: Mapping[str, str] = os.environ) -> str:
+    url = (
+        base_url
+        or environ.get("INSTANTML_API_BASE_URL")
+        or read_credentials().get("api_host")
+        or DEFAULT_BASE_URL
+    )
+    return url.rstrip("/")
+
+
+def _from_launcher(value: str) -> str:
+    # Launcher ids are opaque text; keep them usable in a URL path.
+    cleaned = re.sub(r"[^A-Za-z0-9._-]", "-", value).lstrip("._-")[:128]
+    return cleaned or uuid.uuid4().hex
+
+
+def resolve_run_id(run_id: str | None, environ: Mapping[str, str] = os.environ) -> str:
+    """``run_id=``, else INSTANTML_RUN_ID, else the launcher's job id, else a new id.
+
+    torchrun sets TORCHELASTIC_RUN_ID to the literal ``none`` unless ``--rdzv-id`` is given;
+    that value would merge unrelated jobs, so it is ignored.
+    """
+    if run_id is not None:
+        return validation.run_id(run_id, "run_id")
+    explicit = environ.get("INSTANTML_RUN_ID")
+    if explicit:
+        return validation.run_id(explicit, "INSTANTML_RUN_ID")
+    elastic = environ.get("TORCHELASTIC_RUN_ID")
+    if elastic and elastic.lower() != "none":
+        return _from_launcher(f"torchelastic-{elastic}")
+    slurm = environ.get("SLURM_JOB_ID")
+    if slurm:
+        step = environ.get("SLURM_STEP_ID")
+        return _from_launcher(f"slurm-{slurm}" + (f".{step}" if step else ""))
+    return uuid.uuid4().hex
+
+
+def env_int(name: str, environ: Mapping[str, str] = os.environ) -> int | None:
+    raw = environ.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name} must be an integer, got {raw!r}") from None

@@ -1,0 +1,213 @@
+"""``im.init`` and the ``Run`` a training process logs through."""
+
+from __future__ import annotations
+
+import os
+import time
+from types import TracebackType
+from typing import Any
+from urllib.parse import quote
+
+from .. import validation
+from . import config as sdk_config
+from . import lifecycle
+from .async_sender import AsyncSender
+from .sinks import Sink, SyncSink
+from .transport import Transport
+
+UPLOAD_MODES = ("sync", "async", "spool")
+
+
+class Run:
+    """One run, shared by every rank of a job. Create it with :func:`init`."""
+
+    def __init__(
+        self,
+        run_id: str,
+        project: str,
+        sink: Sink,
+        *,
+        upload_mode: str,
+        rank: int | None,
+        world_size: int | None,
+        local_rank: int | None,
+        finish_timeout: float,
+    ) -> None:
+        self.run_id = run_id
+        self.project = project
+        self.upload_mode = upload_mode
+        self._sink = sink
+        self._rank = rank
+        self._world_size = world_size
+        self._local_rank = local_rank
+        self._finish_timeout = finish_timeout
+        self._metrics_path = f"/runs/{quote(run_id)}/metrics"
+        self._rank_path = f"/runs/{quote(run_id)}/rank-metrics"
+        self._next_step = 0
+        self.finished = False
+
+    @property
+    def dropped_events(self) -> int:
+        """Events the async queue dropped because the server was down or slow for too long."""
+        return int(getattr(self._sink, "dropped", 0))
+
+    def log_rank_metrics(
+        self,
+        metrics: dict[str, float],
+        step: int,
+        rank: int | None = None,
+        world_size: int | None = None,
+        local_rank: int | None = None,
+        weight: float | None = None,
+        timestamp: float | None = None,
+    ) -> None:
+        """Log this rank's values for a global step. ``rank``, ``world_size`` and
+        ``local_rank`` default from the ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK``
+        environment variables; ``weight`` (e.g. the rank's sample count) defaults to 1."""
+        values = validation.metric_values(metrics)
+        checked_step = validation.step(step)
+        if rank is None:
+            rank = self._rank
+            if rank is None:
+                raise ValueError(
+                    "rank is required: pass rank= or set the RANK environment variable"
+                )
+        if world_size is None:
+            world_size = self._world_size
+            if world_size is None:
+                raise ValueError(
+                    "world_size is required: pass world_size= or set the WORLD_SIZE environment variable"
+                )
+        if local_rank is None:
+            local_rank = self._local_rank
+        r, size, lr = validation.rank_context(rank, world_size, local_rank)
+        self._sink.submit(
+            "POST",
+            self._rank_path,
+            {
+                "metrics": values,
+                "step": checked_step,
+                "rank": r,
+                "world_size": size,
+                "local_rank": lr,
+                "weight": validation.weight(weight),
+                "timestamp": time.time() if timestamp is None else timestamp,
+            },
+        )
+
+    def log_metrics(
+        self, metrics: dict[str, float], step: int, timestamp: float | None = None
+    ) -> None:
+        """Log ordinary (run-level) scalars for a step."""
+        values = validation.metric_values(metrics)
+        checked_step = validation.step(step)
+        self._next_step = max(self._next_step, checked_step + 1)
+        self._sink.submit(
+            "POST",
+            self._metrics_path,
+            {
+                "metrics": values,
+                "step": checked_step,
+                "timestamp": time.time() if timestamp is None else timestamp,
+            },
+        )
+
+    def log(self, metrics: dict[str, float], step: int | None = None) -> None:
+        """Log scalars; without ``step``, one past the last step this process logged."""
+        self.log_metrics(metrics, self._next_step if step is None else step)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until what was logged is delivered (async) or written (spool)."""
+        return self._sink.flush(self._finish_timeout if timeout is None else timeout)
+
+    def finish(self, status: str = "finished", timeout: float | None = None) -> bool:
+        """Mark the run ``status`` and deliver what is pending, waiting at most ``timeout``
+        seconds. Returns False when something could not be delivered in time."""
+        if self.finished:
+            return True
+        self.finished = True
+        lifecycle.forget(self)
+        limit = self._finish_timeout if timeout is None else timeout
+        try:
+            self._sink.submit(
+                "PATCH", f"/runs/{quote(self.run_id)}", {"status": validation.run_status(status)}
+            )
+        finally:
+            delivered = self._sink.close(limit)
+        return delivered
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.finish("failed" if exc_type is not None else "finished")
+
+    def __repr__(self) -> str:
+        return f"Run(run_id={self.run_id!r}, project={self.project!r}, upload_mode={self.upload_mode!r})"
+
+
+def init(
+    project: str | None = None,
+    name: str | None = None,
+    config: dict[str, Any] | None = None,
+    tags: list[str] | None = None,
+    metadata: dict[str, Any] | None = None,
+    *,
+    run_id: str | None = None,
+    upload_mode: str = "async",
+    spool_dir: str | None = None,
+    api_key: str | None = None,
+    base_url: str | None = None,
+    timeout: float = 10.0,
+    finish_timeout: float = 30.0,
+) -> Run:
+    """Start (or join) a run.
+
+    Every rank of a job must land in one run: the id comes from ``run_id=``, else
+    ``INSTANTML_RUN_ID``, else the launcher's job id (``TORCHELASTIC_RUN_ID``,
+    ``SLURM_JOB_ID``), else a fresh id. Creating a run whose id exists attaches to it.
+
+    ``upload_mode``: ``"async"`` (default; a background thread batches uploads and never
+    blocks training), ``"sync"`` (one HTTP request per call, errors raised), or ``"spool"``.
+    """
+    if upload_mode not in UPLOAD_MODES:
+        raise ValueError(
+            f"upload_mode must be one of {', '.join(UPLOAD_MODES)}, got {upload_mode!r}"
+        )
+    if upload_mode == "spool":
+        raise NotImplementedError("upload_mode='spool' is not implemented yet")
+    resolved_id = sdk_config.resolve_run_id(run_id)
+    env = os.environ
+    rank = sdk_config.env_int("RANK", env)
+    world_size = sdk_config.env_int("WORLD_SIZE", env)
+    local_rank = sdk_config.env_int("LOCAL_RANK", env)
+    body: dict[str, Any] = {"project": project or "default", "id": resolved_id}
+    if name is not None:
+        body["name"] = name
+    for field, value in (("config", config), ("tags", tags), ("metadata", metadata)):
+        if value is not None:
+            body[field] = value
+    transport = Transport(
+        sdk_config.resolve_base_url(base_url), sdk_config.resolve_api_key(api_key), timeout
+    )
+    sink: Sink
+    sink = SyncSink(transport) if upload_mode == "sync" else AsyncSender(transport)
+    # Run creation is an ordinary event: in async mode init never waits on the server.
+    sink.submit("POST", "/runs", body)
+    run = Run(
+        resolved_id,
+        body["project"],
+        sink,
+        upload_mode=upload_mode,
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        finish_timeout=finish_timeout,
+    )
+    lifecycle.track(run)
+    return run

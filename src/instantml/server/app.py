@@ -1,0 +1,55 @@
+"""The ASGI application: routes, auth, the writer thread, error shapes."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from .._version import __version__
+from ..settings import ServerSettings
+from ..storage import Store, open_store
+from . import errors
+from .auth import KeyRing
+from .idempotency import InFlight
+from .responses import JSONResponse
+from .routes import ingest, metrics, runs
+from .writer import GroupCommitter
+
+
+def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
+    """Build the app; it opens ``settings.store_url`` at startup unless given a store."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        opened = store if store is not None else open_store(settings.store_url)
+        app.state.store = opened
+        app.state.keys = KeyRing(opened)
+        app.state.writer = GroupCommitter(opened)
+        app.state.in_flight = InFlight()
+        try:
+            yield
+        finally:
+            app.state.writer.close()
+            if store is None:
+                opened.close()
+
+    app = FastAPI(
+        title="InstantML",
+        version=__version__,
+        summary="Experiment tracking with per-rank metrics for distributed training",
+        default_response_class=JSONResponse,
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    errors.install(app)
+    app.include_router(runs.router)
+    app.include_router(metrics.router)
+    app.include_router(ingest.router)
+
+    @app.get("/healthz", include_in_schema=True)
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok", "version": __version__}
+
+    return app

@@ -1,0 +1,79 @@
+"""API keys: ``iml_<key id>_<secret>``, stored as a SHA-256 of the secret, checked in constant time."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from fastapi import Request
+from starlette.concurrency import run_in_threadpool
+
+from ..storage.base import ApiKeyRecord, Store
+from .errors import ApiError
+
+ALL_SCOPES = frozenset({"admin", "ingest", "read"})
+
+
+def new_api_key() -> tuple[str, str, str]:
+    """A fresh key: (the key to hand out, its id, the hash to store)."""
+    key_id = secrets.token_hex(6)
+    secret = secrets.token_urlsafe(24)
+    return f"iml_{key_id}_{secret}", key_id, _hash(secret)
+
+
+def _hash(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+class KeyRing:
+    """Verifies bearer keys against the store, remembering the ones already verified."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._verified: dict[str, ApiKeyRecord] = {}
+
+    def forget(self, key_id: str) -> None:
+        """Drop a key from the cache (after a revocation) so the next request re-checks it."""
+        self._verified = {k: r for k, r in self._verified.items() if r.key_id != key_id}
+
+    def _verify(self, token: str) -> ApiKeyRecord | None:
+        parts = token.split("_", 2)
+        if len(parts) != 3 or parts[0] != "iml":
+            return None
+        record = self._store.find_api_key(parts[1])
+        if record is None or not hmac.compare_digest(record.key_hash, _hash(parts[2])):
+            return None
+        self._verified[token] = record
+        return record
+
+    async def authenticate(self, request: Request) -> ApiKeyRecord:
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise ApiError(
+                401,
+                "Authorization: missing API key (send 'Authorization: Bearer <key>')",
+                {"WWW-Authenticate": "Bearer"},
+            )
+        record = self._verified.get(token)
+        if record is None:
+            record = await run_in_threadpool(self._verify, token)
+        if record is None:
+            raise ApiError(401, "Authorization: invalid API key", {"WWW-Authenticate": "Bearer"})
+        return record
+
+
+def require(scope: str) -> Callable[[Request], Coroutine[Any, Any, ApiKeyRecord]]:
+    """A FastAPI dependency: the caller's key, which must carry ``scope``."""
+
+    async def dependency(request: Request) -> ApiKeyRecord:
+        record = await request.app.state.keys.authenticate(request)
+        if scope not in record.scopes and "admin" not in record.scopes:
+            raise ApiError(403, f"Authorization: this API key lacks the {scope!r} scope")
+        return record
+
+    return dependency

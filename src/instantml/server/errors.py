@@ -1,0 +1,49 @@
+"""Every error leaves the server as ``{"error": "<message naming the field>"}``."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+
+from .responses import JSONResponse
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = headers
+
+
+def bad_input(exc: Exception) -> ApiError:
+    """A validation failure from :mod:`instantml.validation` as a 422 answer."""
+    return ApiError(422, str(exc))
+
+
+def _field_name(loc: tuple[object, ...]) -> str:
+    parts = [str(p) for p in loc if p not in ("query", "path", "body", "header")]
+    return ".".join(parts) or "request"
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse({"error": exc.message}, status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(_: Request, exc: HTTPException) -> JSONResponse:
+        return JSONResponse(
+            {"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        message = f"{_field_name(tuple(first.get('loc', ())))}: {first.get('msg', 'invalid')}"
+        return JSONResponse({"error": message}, status_code=422)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse({"error": f"internal error ({type(exc).__name__})"}, status_code=500)

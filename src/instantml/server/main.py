@@ -1,0 +1,40 @@
+"""``instantml server``: bootstrap the data dir, then serve until SIGTERM or Ctrl-C."""
+
+from __future__ import annotations
+
+import sys
+
+import uvicorn
+
+from ..settings import ServerSettings
+from ..storage import open_store
+from .app import create_app
+from .bootstrap import base_url, bootstrap, credentials_path
+
+
+def serve(settings: ServerSettings) -> None:
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    store = open_store(settings.store_url)
+    try:
+        new_key = bootstrap(settings, store)
+        url = base_url(settings)
+        if new_key is not None:
+            print(
+                f"Created the admin API key (shown once; also in {settings.data_dir / 'admin-key'}):"
+            )
+            print(f"  {new_key}")
+            if credentials_path().exists():
+                print(f"Local SDK credentials: {credentials_path()}")
+        admin_file = settings.data_dir / "admin-key"
+        token = admin_file.read_text().strip() if admin_file.exists() else None
+        print(f"InstantML server on {url}  (data: {settings.data_dir})")
+        if token:
+            print(f"Dashboard: {url}/?token={token}")
+        sys.stdout.flush()
+        app = create_app(settings, store)
+        config = uvicorn.Config(
+            app, host=settings.host, port=settings.port, log_level="warning", lifespan="on"
+        )
+        uvicorn.Server(config).run()
+    finally:
+        store.close()

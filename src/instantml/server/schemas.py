@@ -1,0 +1,106 @@
+"""OpenAPI request-body schemas. Bodies are parsed by hand (orjson + the shared validation
+rules, for speed and for messages that name the field); these document what is accepted."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_METRICS = {
+    "type": "object",
+    "minProperties": 1,
+    "additionalProperties": {"type": "number"},
+    "description": "metric name (1-512 UTF-8 bytes) -> finite number",
+}
+_STEP = {"type": "integer", "minimum": 0}
+_TIMESTAMP = {"oneOf": [{"type": "number"}, {"type": "string", "format": "date-time"}]}
+
+
+def body(schema: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": schema}},
+        }
+    }
+
+
+CREATE_RUN = body(
+    {
+        "type": "object",
+        "properties": {
+            "project": {"type": "string", "maxLength": 256},
+            "name": {"type": ["string", "null"], "maxLength": 256},
+            "id": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"},
+            "config": {"type": "object"},
+            "tags": {"type": "array", "items": {"type": "string"}},
+            "metadata": {"type": "object"},
+        },
+    }
+)
+PATCH_RUN = body(
+    {
+        "type": "object",
+        "required": ["status"],
+        "properties": {"status": {"enum": ["running", "finished", "failed", "crashed"]}},
+    }
+)
+SCALARS = body(
+    {
+        "type": "object",
+        "required": ["metrics", "step"],
+        "properties": {
+            "metrics": _METRICS,
+            "step": _STEP,
+            "timestamp": _TIMESTAMP,
+            "preview": {"type": "boolean"},
+        },
+    }
+)
+RANK_POINTS = body(
+    {
+        "type": "object",
+        "required": ["metrics", "step", "rank", "world_size"],
+        "properties": {
+            "metrics": _METRICS,
+            "step": _STEP,
+            "rank": {"type": "integer", "minimum": 0, "maximum": 511},
+            "world_size": {"type": "integer", "minimum": 1, "maximum": 512},
+            "local_rank": {"type": ["integer", "null"], "minimum": 0, "maximum": 511},
+            "weight": {"type": "number", "exclusiveMinimum": 0},
+            "timestamp": _TIMESTAMP,
+        },
+    }
+)
+ATTRIBUTES = body(
+    {
+        "type": "object",
+        "properties": {"attributes": {"type": "array", "minItems": 1, "items": {"type": "object"}}},
+    }
+)
+INGEST = body(
+    {
+        "type": "object",
+        "required": ["events"],
+        "properties": {
+            "events": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["event_id", "request"],
+                    "properties": {
+                        "event_id": {"type": "string", "minLength": 1, "maxLength": 255},
+                        "request": {
+                            "type": "object",
+                            "required": ["method", "path", "body"],
+                            "properties": {
+                                "method": {"type": "string"},
+                                "path": {"type": "string"},
+                                "body": {"type": "object"},
+                            },
+                        },
+                    },
+                },
+            }
+        },
+    }
+)

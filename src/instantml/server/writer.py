@@ -1,0 +1,81 @@
+"""Group commit: one writer thread applies everything that queued while it last committed.
+
+An embedded engine pays milliseconds per COMMIT whatever its size, so concurrent requests
+share one transaction instead of paying one each. A request's answer is sent only after
+the transaction holding its write has committed: a 2xx means durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import deque
+
+from ..storage.base import Envelope, Outcome, Store
+from .errors import ApiError
+
+_Pending = tuple[list[Envelope], "asyncio.Future[list[Outcome]]", asyncio.AbstractEventLoop]
+
+
+def _resolve(future: asyncio.Future[list[Outcome]], outcomes: list[Outcome]) -> None:
+    if not future.done():  # the client may have gone away; the write stands regardless
+        future.set_result(outcomes)
+
+
+class GroupCommitter:
+    def __init__(self, store: Store, max_group_writes: int = 50_000) -> None:
+        self._store = store
+        self._max = max_group_writes
+        self._pending: deque[_Pending] = deque()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="instantml-writer", daemon=True)
+        self._thread.start()
+
+    async def submit(self, envelopes: list[Envelope]) -> list[Outcome]:
+        if not envelopes:
+            return []
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[list[Outcome]] = loop.create_future()
+        with self._cond:
+            if self._closed:
+                raise ApiError(503, "server is shutting down; retry")
+            self._pending.append((envelopes, future, loop))
+            self._cond.notify()
+        return await future
+
+    def _take(self) -> list[_Pending] | None:
+        with self._cond:
+            while not self._pending and not self._closed:
+                self._cond.wait()
+            if not self._pending:
+                return None
+            group = [self._pending.popleft()]
+            size = len(group[0][0])
+            while self._pending and size + len(self._pending[0][0]) <= self._max:
+                item = self._pending.popleft()
+                size += len(item[0])
+                group.append(item)
+            return group
+
+    def _run(self) -> None:
+        while (group := self._take()) is not None:
+            flat = [envelope for envelopes, _, _ in group for envelope in envelopes]
+            try:
+                outcomes = self._store.apply(flat)
+            except Exception as exc:  # storage failure: nothing committed, the client may retry
+                outcomes = [Outcome(503, {"error": f"storage error: {type(exc).__name__}"})] * len(
+                    flat
+                )
+            start = 0
+            for envelopes, future, loop in group:
+                end = start + len(envelopes)
+                loop.call_soon_threadsafe(_resolve, future, outcomes[start:end])
+                start = end
+
+    def close(self) -> None:
+        """Finish what is queued, then stop."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join()

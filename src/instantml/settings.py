@@ -1,0 +1,56 @@
+"""One typed settings object, read once from ``INSTANTML_*`` environment variables."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def _int_or_none(raw: str | None, name: str) -> int | None:
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {raw!r}") from None
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSettings:
+    data_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 8765
+    storage_url: str | None = None
+    monthly_metric_points: int | None = None
+    max_body_bytes: int = 64 * 1024 * 1024
+    max_batch_events: int = 50_000
+
+    @property
+    def store_url(self) -> str:
+        return self.storage_url or f"duckdb://{self.data_dir / 'instantml.duckdb'}"
+
+    @classmethod
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, **overrides: object
+    ) -> ServerSettings:
+        env = os.environ if environ is None else environ
+        values: dict[str, object] = {
+            "data_dir": Path(env.get("INSTANTML_DATA_DIR", "~/.instantml/data")).expanduser(),
+            "host": env.get("INSTANTML_HOST", "127.0.0.1"),
+            "port": int(env.get("INSTANTML_PORT", "8765")),
+            "storage_url": env.get("INSTANTML_STORAGE_URL") or None,
+            "monthly_metric_points": _int_or_none(
+                env.get("INSTANTML_MONTHLY_METRIC_POINTS"), "INSTANTML_MONTHLY_METRIC_POINTS"
+            ),
+        }
+        max_body = _int_or_none(env.get("INSTANTML_MAX_BODY_BYTES"), "INSTANTML_MAX_BODY_BYTES")
+        if max_body:
+            values["max_body_bytes"] = max_body
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        values["data_dir"] = Path(str(values["data_dir"])).expanduser()
+        return cls(**values)  # type: ignore[arg-type]

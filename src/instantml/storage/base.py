@@ -1,0 +1,171 @@
+"""The narrow interface every storage backend implements, and the writes it applies.
+
+Writes are plain records, already validated by the server. A backend applies a list of
+them in one transaction (a group commit) and answers each one on its own, so one write
+that is refused (an unknown run, say) does not sink the others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(slots=True)
+class CreateRun:
+    org_id: int
+    run_id: str
+    project: str
+    name: str | None
+    config: dict[str, Any]
+    tags: list[str]
+    metadata: dict[str, Any]
+
+
+@dataclass(slots=True)
+class PatchRun:
+    org_id: int
+    run_id: str
+    status: str
+
+
+@dataclass(slots=True)
+class WriteScalars:
+    org_id: int
+    run_id: str
+    step: int
+    metrics: dict[str, float]
+    timestamp: float
+    preview: bool = False
+
+
+@dataclass(slots=True)
+class WriteRankPoints:
+    org_id: int
+    run_id: str
+    step: int
+    rank: int
+    world_size: int
+    local_rank: int | None
+    weight: float
+    metrics: dict[str, float]
+    timestamp: float
+
+
+@dataclass(slots=True)
+class WriteAttributes:
+    """Free-form run attributes (config entries, tags, notes) the public SDK writes."""
+
+    org_id: int
+    run_id: str
+    attributes: list[dict[str, Any]]
+    timestamp: float
+
+
+Write = CreateRun | PatchRun | WriteScalars | WriteRankPoints | WriteAttributes
+
+
+@dataclass(slots=True)
+class Idempotency:
+    """An Idempotency-Key reduced to 128 bits, and a fingerprint of the request it came with."""
+
+    key_hi: int
+    key_lo: int
+    fingerprint: int
+
+
+@dataclass(slots=True)
+class Envelope:
+    write: Write
+    idempotency: Idempotency | None = None
+
+
+@dataclass(slots=True)
+class Outcome:
+    status: int
+    body: dict[str, Any]
+    replayed: bool = False
+
+
+@dataclass(slots=True)
+class ApiKeyRecord:
+    key_id: str
+    org_id: int
+    scopes: frozenset[str]
+    key_hash: str
+
+
+@dataclass(slots=True)
+class RunRecord:
+    org_id: int
+    run_id: str
+    project: str
+    name: str | None
+    status: str
+    config: dict[str, Any]
+    tags: list[str]
+    metadata: dict[str, Any]
+    created_at: float
+    updated_at: float
+    world_size: int | None = None
+    last_step: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.run_id,
+            "project": self.project,
+            "name": self.name,
+            "status": self.status,
+            "config": self.config,
+            "tags": self.tags,
+            "metadata": self.metadata,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+            "world_size": self.world_size,
+            "last_step": self.last_step,
+        }
+
+
+@dataclass(slots=True)
+class SeriesKey:
+    key: str
+    kind: str  # "rank" or "scalar"
+    points: int = 0
+    last_step: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Store(Protocol):
+    """Metadata and metric points. One instance per server process; thread-safe reads."""
+
+    def apply(self, envelopes: list[Envelope]) -> list[Outcome]:
+        """Apply writes in order in one transaction; answer each one."""
+        ...
+
+    def ensure_org(self, name: str) -> int: ...
+
+    def add_api_key(
+        self, org_id: int, key_id: str, key_hash: str, scopes: frozenset[str]
+    ) -> None: ...
+
+    def find_api_key(self, key_id: str) -> ApiKeyRecord | None: ...
+
+    def count_api_keys(self) -> int: ...
+
+    def get_run(self, org_id: int, run_id: str) -> RunRecord | None: ...
+
+    def list_runs(self, org_id: int, project: str | None, limit: int) -> list[RunRecord]: ...
+
+    def list_series(self, org_id: int, run_id: str) -> list[SeriesKey] | None: ...
+
+    def scalar_points(
+        self, org_id: int, run_id: str, key: str
+    ) -> list[tuple[int, float]] | None: ...
+
+    def rank_points(
+        self, org_id: int, run_id: str, key: str
+    ) -> list[tuple[int, int, float, float, int | None, int]] | None:
+        """(step, rank, value, weight, local_rank, world_size) rows, ordered by step, rank."""
+        ...
+
+    def close(self) -> None: ...

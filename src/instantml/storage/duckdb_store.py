@@ -1,0 +1,560 @@
+"""The embedded backend: one DuckDB file holds metadata, idempotency records and points.
+
+One engine means one transaction covers a write, its Idempotency-Key record and (later)
+its usage count, so a crash can never keep one without the other. Only the server's
+writer thread calls :meth:`DuckDBStore.apply`; reads use one cursor per thread.
+
+Points are keyed by integer series ids (run, kind, key) so that the primary key that
+makes a rewrite replace rather than add a row stays small.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+import orjson
+
+from .base import (
+    ApiKeyRecord,
+    CreateRun,
+    Envelope,
+    Idempotency,
+    Outcome,
+    PatchRun,
+    RunRecord,
+    SeriesKey,
+    WriteAttributes,
+    WriteRankPoints,
+    WriteScalars,
+)
+
+RANK, SCALAR = 1, 0
+log = logging.getLogger(__name__)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS orgs (
+    org_id INTEGER PRIMARY KEY, name VARCHAR UNIQUE NOT NULL,
+    monthly_limit BIGINT, created_at DOUBLE NOT NULL);
+CREATE TABLE IF NOT EXISTS api_keys (
+    key_id VARCHAR PRIMARY KEY, org_id INTEGER NOT NULL, key_hash VARCHAR NOT NULL,
+    scopes VARCHAR NOT NULL, created_at DOUBLE NOT NULL, revoked_at DOUBLE);
+CREATE TABLE IF NOT EXISTS runs (
+    run_seq INTEGER PRIMARY KEY, org_id INTEGER NOT NULL, run_id VARCHAR NOT NULL,
+    project VARCHAR NOT NULL, name VARCHAR, status VARCHAR NOT NULL,
+    config VARCHAR NOT NULL, tags VARCHAR NOT NULL, metadata VARCHAR NOT NULL,
+    created_at DOUBLE NOT NULL, updated_at DOUBLE NOT NULL,
+    world_size INTEGER, last_step BIGINT, UNIQUE (org_id, run_id));
+CREATE TABLE IF NOT EXISTS series (
+    series_id INTEGER PRIMARY KEY, run_seq INTEGER NOT NULL, kind TINYINT NOT NULL,
+    key VARCHAR NOT NULL, UNIQUE (run_seq, kind, key));
+CREATE TABLE IF NOT EXISTS rank_points (
+    series_id INTEGER NOT NULL, step BIGINT NOT NULL, rank SMALLINT NOT NULL,
+    world_size SMALLINT NOT NULL, local_rank SMALLINT, value DOUBLE NOT NULL,
+    weight DOUBLE NOT NULL, ts DOUBLE NOT NULL, PRIMARY KEY (series_id, step, rank));
+CREATE TABLE IF NOT EXISTS scalar_points (
+    series_id INTEGER NOT NULL, step BIGINT NOT NULL, value DOUBLE NOT NULL,
+    ts DOUBLE NOT NULL, preview BOOLEAN NOT NULL, PRIMARY KEY (series_id, step));
+CREATE TABLE IF NOT EXISTS attributes (
+    run_seq INTEGER NOT NULL, seq BIGINT NOT NULL, path VARCHAR, type VARCHAR,
+    step BIGINT, value VARCHAR, ts DOUBLE NOT NULL);
+CREATE TABLE IF NOT EXISTS idempotency (
+    org_id INTEGER NOT NULL, key_hi BIGINT NOT NULL, key_lo BIGINT NOT NULL,
+    fingerprint BIGINT NOT NULL, status SMALLINT NOT NULL, body VARCHAR NOT NULL,
+    created_at DOUBLE NOT NULL, PRIMARY KEY (org_id, key_hi, key_lo));
+"""
+
+_RUN_COLUMNS = (
+    "org_id, run_id, project, name, status, config, tags, metadata, created_at, updated_at,"
+    " world_size, last_step"
+)
+
+
+def _run_record(row: tuple[Any, ...]) -> RunRecord:
+    return RunRecord(
+        org_id=row[0],
+        run_id=row[1],
+        project=row[2],
+        name=row[3],
+        status=row[4],
+        config=orjson.loads(row[5]),
+        tags=orjson.loads(row[6]),
+        metadata=orjson.loads(row[7]),
+        created_at=row[8],
+        updated_at=row[9],
+        world_size=row[10],
+        last_step=row[11],
+    )
+
+
+class _Batch:
+    """Rows staged by one group commit, flushed as a few bulk inserts before COMMIT."""
+
+    def __init__(self) -> None:
+        self.rank: dict[tuple[int, int, int], tuple[int, int, float, float, float]] = {}
+        self.scalar: dict[tuple[int, int], tuple[float, float, bool]] = {}
+        self.attributes: list[tuple[int, str | None, str | None, int | None, str, float]] = []
+        self.idempotency: dict[tuple[int, int, int], tuple[int, int, str]] = {}
+        self.run_extent: dict[int, tuple[int, int]] = {}  # run_seq -> (max world_size, max step)
+        self.new_runs: dict[tuple[int, str], int] = {}
+        self.new_series: dict[tuple[int, int, str], int] = {}
+
+
+class DuckDBStore:
+    """Embedded store in ``<path>`` (a DuckDB file); ``:memory:`` for throwaway use."""
+
+    def __init__(self, path: str) -> None:
+        if path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self._con = duckdb.connect(path)
+        self._con.execute(_SCHEMA)
+        self._local = threading.local()
+        self._runs: dict[tuple[int, str], int] = {
+            (org, rid): seq
+            for seq, org, rid in self._con.execute(
+                "SELECT run_seq, org_id, run_id FROM runs"
+            ).fetchall()
+        }
+        self._series: dict[tuple[int, int, str], int] = {
+            (run, kind, key): sid
+            for sid, run, kind, key in self._con.execute(
+                "SELECT series_id, run_seq, kind, key FROM series"
+            ).fetchall()
+        }
+        self._next_run = 1 + max(self._runs.values(), default=0)
+        self._next_series = 1 + max(self._series.values(), default=0)
+        (self._next_attr,) = _first(
+            self._con.execute("SELECT coalesce(max(seq), 0) + 1 FROM attributes")
+        )
+
+    # ---- reads (any thread) ----
+
+    def _cursor(self) -> duckdb.DuckDBPyConnection:
+        cur = getattr(self._local, "cur", None)
+        if cur is None:
+            cur = self._local.cur = self._con.cursor()
+        return cur
+
+    def get_run(self, org_id: int, run_id: str) -> RunRecord | None:
+        rows = (
+            self._cursor()
+            .execute(
+                f"SELECT {_RUN_COLUMNS} FROM runs WHERE org_id = ? AND run_id = ?", [org_id, run_id]
+            )
+            .fetchall()
+        )
+        return _run_record(rows[0]) if rows else None
+
+    def list_runs(self, org_id: int, project: str | None, limit: int) -> list[RunRecord]:
+        rows = (
+            self._cursor()
+            .execute(
+                f"SELECT {_RUN_COLUMNS} FROM runs WHERE org_id = ? AND (? IS NULL OR project = ?)"
+                " ORDER BY created_at DESC, run_seq DESC LIMIT ?",
+                [org_id, project, project, limit],
+            )
+            .fetchall()
+        )
+        return [_run_record(row) for row in rows]
+
+    def _run_seq(self, org_id: int, run_id: str) -> int | None:
+        return self._runs.get((org_id, run_id))
+
+    def list_series(self, org_id: int, run_id: str) -> list[SeriesKey] | None:
+        seq = self._run_seq(org_id, run_id)
+        if seq is None:
+            return None
+        rows = (
+            self._cursor()
+            .execute(
+                """
+            SELECT s.key, s.kind, count(*), max(p.step) FROM series s
+              JOIN rank_points p USING (series_id) WHERE s.run_seq = ? AND s.kind = 1
+              GROUP BY s.key, s.kind
+            UNION ALL
+            SELECT s.key, s.kind, count(*), max(p.step) FROM series s
+              JOIN scalar_points p USING (series_id) WHERE s.run_seq = ? AND s.kind = 0
+              GROUP BY s.key, s.kind
+            ORDER BY 1, 2
+            """,
+                [seq, seq],
+            )
+            .fetchall()
+        )
+        return [
+            SeriesKey(key=key, kind="rank" if kind == RANK else "scalar", points=n, last_step=last)
+            for key, kind, n, last in rows
+        ]
+
+    def scalar_points(self, org_id: int, run_id: str, key: str) -> list[tuple[int, float]] | None:
+        seq = self._run_seq(org_id, run_id)
+        sid = None if seq is None else self._series.get((seq, SCALAR, key))
+        if sid is None:
+            return None
+        return [
+            (int(s), float(v))
+            for s, v in self._cursor()
+            .execute(
+                "SELECT step, value FROM scalar_points WHERE series_id = ? ORDER BY step", [sid]
+            )
+            .fetchall()
+        ]
+
+    def rank_points(
+        self, org_id: int, run_id: str, key: str
+    ) -> list[tuple[int, int, float, float, int | None, int]] | None:
+        seq = self._run_seq(org_id, run_id)
+        sid = None if seq is None else self._series.get((seq, RANK, key))
+        if sid is None:
+            return None
+        rows = (
+            self._cursor()
+            .execute(
+                "SELECT step, rank, value, weight, local_rank, world_size FROM rank_points"
+                " WHERE series_id = ? ORDER BY step, rank",
+                [sid],
+            )
+            .fetchall()
+        )
+        return [tuple(row) for row in rows]
+
+    def find_api_key(self, key_id: str) -> ApiKeyRecord | None:
+        rows = (
+            self._cursor()
+            .execute(
+                "SELECT key_id, org_id, scopes, key_hash FROM api_keys"
+                " WHERE key_id = ? AND revoked_at IS NULL",
+                [key_id],
+            )
+            .fetchall()
+        )
+        if not rows:
+            return None
+        row = rows[0]
+        return ApiKeyRecord(
+            key_id=row[0], org_id=row[1], scopes=frozenset(row[2].split(",")), key_hash=row[3]
+        )
+
+    def count_api_keys(self) -> int:
+        (n,) = _first(self._cursor().execute("SELECT count(*) FROM api_keys"))
+        return int(n)
+
+    # ---- administrative writes (rare; startup and admin routes) ----
+
+    def ensure_org(self, name: str) -> int:
+        cur = self._cursor()
+        rows = cur.execute("SELECT org_id FROM orgs WHERE name = ?", [name]).fetchall()
+        if rows:
+            return int(rows[0][0])
+        (org_id,) = _first(
+            cur.execute(
+                "INSERT INTO orgs SELECT coalesce(max(org_id), 0) + 1, ?, NULL, ? FROM orgs"
+                " RETURNING org_id",
+                [name, time.time()],
+            )
+        )
+        return int(org_id)
+
+    def add_api_key(self, org_id: int, key_id: str, key_hash: str, scopes: frozenset[str]) -> None:
+        self._cursor().execute(
+            "INSERT INTO api_keys VALUES (?, ?, ?, ?, ?, NULL)",
+            [key_id, org_id, key_hash, ",".join(sorted(scopes)), time.time()],
+        )
+
+    # ---- the write path (the writer thread only) ----
+
+    def apply(self, envelopes: list[Envelope]) -> list[Outcome]:
+        con = self._con
+        batch = _Batch()
+        con.execute("BEGIN TRANSACTION")
+        try:
+            outcomes = self._apply_in_transaction(envelopes, batch)
+            self._flush(batch)
+            con.execute("COMMIT")
+        except Exception:
+            con.execute("ROLLBACK")
+            if len(envelopes) == 1:
+                raise
+            # Isolate whatever failed: each write on its own, so the others still land.
+            return [self._apply_alone(envelope) for envelope in envelopes]
+        # Only a committed transaction may teach the caches new ids.
+        self._runs.update(batch.new_runs)
+        self._series.update(batch.new_series)
+        return outcomes
+
+    def _apply_alone(self, envelope: Envelope) -> Outcome:
+        try:
+            return self.apply([envelope])[0]
+        except Exception as exc:  # a storage failure, not bad input: the client may retry
+            log.exception("storage error applying %s", type(envelope.write).__name__)
+            return Outcome(503, {"error": f"storage error: {type(exc).__name__}"})
+
+    def _apply_in_transaction(self, envelopes: list[Envelope], batch: _Batch) -> list[Outcome]:
+        known = self._known_idempotency(envelopes)
+        outcomes: list[Outcome] = []
+        for envelope in envelopes:
+            idem = envelope.idempotency
+            if idem is not None:
+                slot = (envelope.write.org_id, idem.key_hi, idem.key_lo)
+                seen = batch.idempotency.get(slot) or known.get(slot)
+                if seen is not None:
+                    outcomes.append(_replay(seen, idem))
+                    continue
+            outcome = self._apply_write(envelope.write, batch)
+            if idem is not None and 200 <= outcome.status < 300:
+                batch.idempotency[slot] = (
+                    idem.fingerprint,
+                    outcome.status,
+                    orjson.dumps(outcome.body).decode(),
+                )
+            outcomes.append(outcome)
+        return outcomes
+
+    def _known_idempotency(
+        self, envelopes: list[Envelope]
+    ) -> dict[tuple[int, int, int], tuple[int, int, str]]:
+        slots = [
+            (e.write.org_id, e.idempotency.key_hi, e.idempotency.key_lo)
+            for e in envelopes
+            if e.idempotency is not None
+        ]
+        if not slots:
+            return {}
+        org, hi, lo = (np.array(column, dtype=np.int64) for column in zip(*slots))
+        con = self._con
+        con.register("idem_probe", {"org_id": org, "key_hi": hi, "key_lo": lo})
+        try:
+            rows = con.execute(
+                "SELECT i.org_id, i.key_hi, i.key_lo, i.fingerprint, i.status, i.body"
+                " FROM idempotency i JOIN idem_probe p USING (org_id, key_hi, key_lo)"
+            ).fetchall()
+        finally:
+            con.unregister("idem_probe")
+        return {(o, h, lw): (f, s, b) for o, h, lw, f, s, b in rows}
+
+    def _apply_write(self, write: Any, batch: _Batch) -> Outcome:
+        if isinstance(write, WriteRankPoints):
+            seq = self._lookup_run(write.org_id, write.run_id, batch)
+            if seq is None:
+                return _no_run(write.run_id)
+            for key, value in write.metrics.items():
+                sid = self._series_id(seq, RANK, key, batch)
+                batch.rank[(sid, write.step, write.rank)] = (
+                    write.world_size,
+                    -1 if write.local_rank is None else write.local_rank,
+                    value,
+                    write.weight,
+                    write.timestamp,
+                )
+            size, last = batch.run_extent.get(seq, (0, -1))
+            batch.run_extent[seq] = (max(size, write.world_size), max(last, write.step))
+            return Outcome(200, {"accepted": len(write.metrics)})
+        if isinstance(write, WriteScalars):
+            seq = self._lookup_run(write.org_id, write.run_id, batch)
+            if seq is None:
+                return _no_run(write.run_id)
+            for key, value in write.metrics.items():
+                sid = self._series_id(seq, SCALAR, key, batch)
+                batch.scalar[(sid, write.step)] = (value, write.timestamp, write.preview)
+            size, last = batch.run_extent.get(seq, (0, -1))
+            batch.run_extent[seq] = (size, max(last, write.step))
+            return Outcome(200, {"accepted": len(write.metrics)})
+        if isinstance(write, CreateRun):
+            return self._create_run(write, batch)
+        if isinstance(write, PatchRun):
+            seq = self._lookup_run(write.org_id, write.run_id, batch)
+            if seq is None:
+                return _no_run(write.run_id)
+            self._flush_extent(batch)
+            row = _first(
+                self._con.execute(
+                    f"UPDATE runs SET status = ?, updated_at = ? WHERE run_seq = ?"
+                    f" RETURNING {_RUN_COLUMNS}",
+                    [write.status, time.time(), seq],
+                )
+            )
+            return Outcome(200, {"run": _run_record(row).to_json()})
+        if isinstance(write, WriteAttributes):
+            seq = self._lookup_run(write.org_id, write.run_id, batch)
+            if seq is None:
+                return _no_run(write.run_id)
+            for attribute in write.attributes:
+                step = attribute.get("step")
+                batch.attributes.append(
+                    (
+                        seq,
+                        _text_or_none(attribute.get("path")),
+                        _text_or_none(attribute.get("type")),
+                        step if type(step) is int else None,
+                        orjson.dumps(attribute.get("value")).decode(),
+                        write.timestamp,
+                    )
+                )
+            return Outcome(200, {"accepted": len(write.attributes)})
+        raise TypeError(f"unknown write {type(write).__name__}")
+
+    def _lookup_run(self, org_id: int, run_id: str, batch: _Batch) -> int | None:
+        key = (org_id, run_id)
+        return batch.new_runs.get(key) or self._runs.get(key)
+
+    def _series_id(self, run_seq: int, kind: int, key: str, batch: _Batch) -> int:
+        slot = (run_seq, kind, key)
+        sid = batch.new_series.get(slot) or self._series.get(slot)
+        if sid is None:
+            sid = self._next_series + len(batch.new_series)
+            batch.new_series[slot] = sid
+        return sid
+
+    def _create_run(self, write: CreateRun, batch: _Batch) -> Outcome:
+        seq = self._lookup_run(write.org_id, write.run_id, batch)
+        if seq is not None:
+            self._flush_extent(batch)
+            row = _first(
+                self._con.execute(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_seq = ?", [seq])
+            )
+            record = _run_record(row)
+            if record.project != write.project:
+                return Outcome(
+                    409,
+                    {
+                        "error": f"id: run {write.run_id!r} already exists in another project"
+                        f" ({record.project!r})"
+                    },
+                )
+            return Outcome(200, {"run": record.to_json()})
+        seq = self._next_run + len(batch.new_runs)
+        now = time.time()
+        inserted = self._con.execute(
+            f"INSERT INTO runs VALUES (?, ?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, NULL, NULL)"
+            f" RETURNING {_RUN_COLUMNS}",
+            [
+                seq,
+                write.org_id,
+                write.run_id,
+                write.project,
+                write.name,
+                orjson.dumps(write.config).decode(),
+                orjson.dumps(write.tags).decode(),
+                orjson.dumps(write.metadata).decode(),
+                now,
+                now,
+            ],
+        )
+        row = _first(inserted)
+        batch.new_runs[(write.org_id, write.run_id)] = seq
+        return Outcome(201, {"run": _run_record(row).to_json()})
+
+    def _flush_extent(self, batch: _Batch) -> None:
+        if not batch.run_extent:
+            return
+        self._con.executemany(
+            "UPDATE runs SET world_size = CASE WHEN ? > 0 THEN greatest(coalesce(world_size, 0), ?)"
+            " ELSE world_size END, last_step = greatest(coalesce(last_step, -1), ?),"
+            " updated_at = ? WHERE run_seq = ?",
+            [
+                [size, size, last, time.time(), seq]
+                for seq, (size, last) in batch.run_extent.items()
+            ],
+        )
+        batch.run_extent.clear()
+
+    def _flush(self, batch: _Batch) -> None:
+        con = self._con
+        self._flush_extent(batch)
+        if batch.new_series:
+            con.executemany(
+                "INSERT INTO series VALUES (?, ?, ?, ?)",
+                [[sid, run, kind, key] for (run, kind, key), sid in batch.new_series.items()],
+            )
+            self._next_series += len(batch.new_series)
+        self._next_run += len(batch.new_runs)
+        if batch.rank:
+            keys = np.array(list(batch.rank.keys()), dtype=np.int64)
+            rest = list(batch.rank.values())
+            columns = {
+                "series_id": keys[:, 0].astype(np.int32),
+                "step": keys[:, 1],
+                "rank": keys[:, 2].astype(np.int16),
+                "world_size": np.array([r[0] for r in rest], dtype=np.int16),
+                "local_rank": np.array([r[1] for r in rest], dtype=np.int16),
+                "value": np.array([r[2] for r in rest], dtype=np.float64),
+                "weight": np.array([r[3] for r in rest], dtype=np.float64),
+                "ts": np.array([r[4] for r in rest], dtype=np.float64),
+            }
+            con.register("rank_batch", columns)
+            try:
+                con.execute(
+                    "INSERT OR REPLACE INTO rank_points SELECT series_id, step, rank, world_size,"
+                    " nullif(local_rank, -1), value, weight, ts FROM rank_batch"
+                )
+            finally:
+                con.unregister("rank_batch")
+        if batch.scalar:
+            con.executemany(
+                "INSERT OR REPLACE INTO scalar_points VALUES (?, ?, ?, ?, ?)",
+                [[sid, step, v, ts, pv] for (sid, step), (v, ts, pv) in batch.scalar.items()],
+            )
+        if batch.attributes:
+            first = self._next_attr
+            con.executemany(
+                "INSERT INTO attributes VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    [run, first + i, path, kind, step, value, ts]
+                    for i, (run, path, kind, step, value, ts) in enumerate(batch.attributes)
+                ],
+            )
+            self._next_attr += len(batch.attributes)
+        if batch.idempotency:
+            now = time.time()
+            slots = list(batch.idempotency.items())
+            columns = {
+                "org_id": np.array([s[0][0] for s in slots], dtype=np.int32),
+                "key_hi": np.array([s[0][1] for s in slots], dtype=np.int64),
+                "key_lo": np.array([s[0][2] for s in slots], dtype=np.int64),
+                "fingerprint": np.array([s[1][0] for s in slots], dtype=np.int64),
+                "status": np.array([s[1][1] for s in slots], dtype=np.int16),
+                "body": np.array([s[1][2] for s in slots], dtype=object),
+            }
+            con.register("idem_batch", columns)
+            try:
+                con.execute(
+                    "INSERT INTO idempotency SELECT org_id, key_hi, key_lo, fingerprint, status,"
+                    " body, ? FROM idem_batch",
+                    [now],
+                )
+            finally:
+                con.unregister("idem_batch")
+
+    def close(self) -> None:
+        self._con.close()
+
+
+def _first(result: duckdb.DuckDBPyConnection) -> tuple[Any, ...]:
+    # fetchall, not fetchone: DuckDB keeps a half-read result open on the connection.
+    rows = result.fetchall()
+    if not rows:
+        raise LookupError("query returned no row")
+    return rows[0]
+
+
+def _replay(seen: tuple[int, int, str], idem: Idempotency) -> Outcome:
+    fingerprint, status, body = seen
+    if fingerprint != idem.fingerprint:
+        return Outcome(
+            422,
+            {"error": "Idempotency-Key: this key was already used with a different request body"},
+        )
+    return Outcome(status, orjson.loads(body), replayed=True)
+
+
+def _no_run(run_id: str) -> Outcome:
+    return Outcome(404, {"error": f"run {run_id!r} not found"})
+
+
+def _text_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None

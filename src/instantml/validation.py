@@ -1,0 +1,135 @@
+"""The validation rules shared by the SDK and the server.
+
+Both sides call these functions, so a value the SDK accepts is a value the server stores,
+and every error names its field. Wrong types raise ``TypeError``, wrong values
+``ValueError``; the server turns either into a 4xx answer with the message.
+
+These run on every ``log_*`` call and every ingested event: keep them to plain loops and
+``type(...) is`` checks on the common path.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+MAX_KEY_BYTES = 512
+MAX_WORLD_SIZE = 512
+MAX_STEP = 2**63 - 1
+RUN_STATUSES = ("running", "finished", "failed", "crashed")
+
+
+def _is_number(value: Any) -> bool:
+    # bool is an int subclass; the contract refuses it. numpy scalars register as Real.
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def metric_values(data: Any, field: str = "metrics") -> dict[str, float]:
+    """A non-empty dict of non-empty string keys (<= 512 UTF-8 bytes) to finite numbers."""
+    if not isinstance(data, dict):
+        raise TypeError(f"{field} must be an object mapping metric names to numbers")
+    if not data:
+        raise ValueError(f"{field} must contain at least one metric")
+    out: dict[str, float] = {}
+    for key, value in data.items():
+        if type(key) is not str:
+            raise TypeError(f"{field}: metric names must be strings, got {type(key).__name__}")
+        # A str of n code points holds at most 4n UTF-8 bytes, so most keys skip encoding.
+        if not key or (len(key) > MAX_KEY_BYTES // 4 and len(key.encode()) > MAX_KEY_BYTES):
+            if not key:
+                raise ValueError(f"{field}: metric names must not be empty")
+            raise ValueError(f"{field}: metric name longer than {MAX_KEY_BYTES} UTF-8 bytes")
+        if type(value) is float:
+            number = value
+        elif type(value) is int or _is_number(value):
+            try:
+                number = float(value)
+            except (OverflowError, TypeError, ValueError):
+                raise ValueError(f"{field}[{key!r}] must be a finite number") from None
+        else:
+            raise TypeError(f"{field}[{key!r}] must be a number, got {type(value).__name__}")
+        if not math.isfinite(number):
+            raise ValueError(f"{field}[{key!r}] must be a finite number, got {number}")
+        out[key] = number
+    return out
+
+
+def step(value: Any, field: str = "step") -> int:
+    """A finite step >= 0; an integral float (``100.0``) is that integer, ``1.5`` is refused."""
+    if type(value) is int:
+        number = value
+    elif type(value) is float or _is_number(value):
+        as_float = float(value)
+        if not math.isfinite(as_float):
+            raise ValueError(f"{field} must be finite")
+        if not as_float.is_integer():
+            raise ValueError(f"{field} must be an integer, got {value}")
+        number = int(as_float)
+    else:
+        raise TypeError(f"{field} must be an integer, got {type(value).__name__}")
+    if number < 0:
+        raise ValueError(f"{field} must be >= 0, got {number}")
+    if number > MAX_STEP:
+        raise ValueError(f"{field} must be < 2**63")
+    return number
+
+
+def _int(value: Any, field: str) -> int:
+    # JSON integers only: strings, bools and floats are refused (the contract says so).
+    if type(value) is int:
+        return value
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    raise TypeError(f"{field} must be an integer, got {type(value).__name__}")
+
+
+def rank_context(rank: Any, world_size: Any, local_rank: Any) -> tuple[int, int, int | None]:
+    """``1 <= world_size <= 512``, ``0 <= rank < world_size``, ``local_rank`` None or in range."""
+    size = _int(world_size, "world_size")
+    if not 1 <= size <= MAX_WORLD_SIZE:
+        raise ValueError(f"world_size must be between 1 and {MAX_WORLD_SIZE}, got {size}")
+    r = _int(rank, "rank")
+    if not 0 <= r < size:
+        raise ValueError(f"rank must satisfy 0 <= rank < world_size ({size}), got {r}")
+    if local_rank is None:
+        return r, size, None
+    lr = _int(local_rank, "local_rank")
+    if not 0 <= lr < size:
+        raise ValueError(f"local_rank must satisfy 0 <= local_rank < world_size ({size}), got {lr}")
+    return r, size, lr
+
+
+def weight(value: Any, field: str = "weight") -> float:
+    """A finite number > 0; ``None`` means 1.0."""
+    if value is None:
+        return 1.0
+    if type(value) is not float and not _is_number(value):
+        raise TypeError(f"{field} must be a number, got {type(value).__name__}")
+    try:
+        number = float(value)
+    except OverflowError:
+        raise ValueError(f"{field} must be finite") from None
+    if not math.isfinite(number) or number <= 0:
+        raise ValueError(f"{field} must be a finite number > 0, got {number}")
+    return number
+
+
+def run_status(value: Any, field: str = "status") -> str:
+    if value not in RUN_STATUSES or type(value) is not str:
+        raise ValueError(f"{field} must be one of {', '.join(RUN_STATUSES)}")
+    return str(value)
+
+
+def run_id(value: Any, field: str = "id") -> str:
+    """Run ids travel in URL paths: 1-128 characters of letters, digits, ``.``, ``_``, ``-``."""
+    if type(value) is not str:
+        raise TypeError(f"{field} must be a string")
+    if not 1 <= len(value) <= 128 or not _RUN_ID_CHARS.issuperset(value) or value[0] in "._-":
+        raise ValueError(
+            f"{field} must be 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"
+        )
+    return value
+
+
+_RUN_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")

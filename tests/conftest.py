@@ -1,0 +1,72 @@
+"""Fixtures: a real ``instantml server`` process on loopback and clients for it."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from instantml.server.process import ServerProcess
+
+
+@pytest.fixture(scope="session")
+def server_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("home")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # Neither the SDK under test nor a server may touch the real ~/.instantml.
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for name in ("INSTANTML_API_KEY", "INSTANTML_API_BASE_URL", "INSTANTML_RUN_ID",
+                 "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_STEP_ID", "RANK", "WORLD_SIZE",
+                 "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory, server_home: Path) -> Iterator[ServerProcess]:
+    """One server for the session; tests keep apart by using fresh run ids."""
+    data = tmp_path_factory.mktemp("server") / "data"
+    with ServerProcess(data, env={"HOME": str(server_home)}) as proc:
+        yield proc
+
+
+@pytest.fixture
+def start_server(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
+    """A factory for servers of a test's own (to stop, restart or configure)."""
+    started: list[ServerProcess] = []
+
+    def start(data_dir: Path | None = None, env: dict[str, str] | None = None, **kw: object) -> ServerProcess:
+        proc = ServerProcess(
+            data_dir or tmp_path / f"data{len(started)}",
+            env={"HOME": str(tmp_path / "server-home"), **(env or {})},
+            **kw,  # type: ignore[arg-type]
+        )
+        started.append(proc)
+        return proc.start()
+
+    yield start
+    for proc in started:
+        proc.stop()
+
+
+@pytest.fixture
+def api(server: ServerProcess) -> Iterator[httpx.Client]:
+    """An HTTP client holding the admin key of the session server."""
+    with httpx.Client(
+        base_url=server.url, headers={"Authorization": f"Bearer {server.admin_key}"}, timeout=30
+    ) as client:
+        yield client
+
+
+@pytest.fixture
+def run_id(api: httpx.Client) -> str:
+    """A fresh run on the session server."""
+    rid = f"t-{uuid.uuid4().hex[:12]}"
+    response = api.post("/runs", json={"project": "tests", "id": rid})
+    assert response.status_code == 201, response.text
+    return rid
