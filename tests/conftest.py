@@ -21,9 +21,17 @@ def server_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _isolated_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     # Neither the SDK under test nor a server may touch the real ~/.instantml.
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    for name in ("INSTANTML_API_KEY", "INSTANTML_API_BASE_URL", "INSTANTML_RUN_ID",
-                 "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_STEP_ID", "RANK", "WORLD_SIZE",
-                 "LOCAL_RANK"):
+    for name in (
+        "INSTANTML_API_KEY",
+        "INSTANTML_API_BASE_URL",
+        "INSTANTML_RUN_ID",
+        "TORCHELASTIC_RUN_ID",
+        "SLURM_JOB_ID",
+        "SLURM_STEP_ID",
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+    ):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -40,7 +48,9 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
     """A factory for servers of a test's own (to stop, restart or configure)."""
     started: list[ServerProcess] = []
 
-    def start(data_dir: Path | None = None, env: dict[str, str] | None = None, **kw: object) -> ServerProcess:
+    def start(
+        data_dir: Path | None = None, env: dict[str, str] | None = None, **kw: object
+    ) -> ServerProcess:
         proc = ServerProcess(
             data_dir or tmp_path / f"data{len(started)}",
             env={"HOME": str(tmp_path / "server-home"), **(env or {})},

@@ -86,7 +86,9 @@ def _assert_refused(response: httpx.Response, field: str) -> None:
 
 
 @pytest.mark.parametrize(("case", "body", "field"), RANK_CASES, ids=[c[0] for c in RANK_CASES])
-def test_rank_metrics_refuses(api: httpx.Client, run_id: str, case: str, body: Any, field: str) -> None:
+def test_rank_metrics_refuses(
+    api: httpx.Client, run_id: str, case: str, body: Any, field: str
+) -> None:
     _assert_refused(_post_raw(api, f"/runs/{run_id}/rank-metrics", body), field)
     assert stored_keys(api, run_id) == []
 
@@ -97,17 +99,25 @@ def test_metrics_refuses(api: httpx.Client, run_id: str, case: str, body: Any, f
     assert stored_keys(api, run_id) == []
 
 
-def test_ingest_answers_each_bad_event_and_keeps_the_good_ones(api: httpx.Client, run_id: str) -> None:
+def test_ingest_answers_each_bad_event_and_keeps_the_good_ones(
+    api: httpx.Client, run_id: str
+) -> None:
     path = f"/runs/{run_id}/rank-metrics"
     events = [
         {"event_id": f"bad-{i}", "request": {"method": "POST", "path": path, "body": body}}
         for i, (_, body, _) in enumerate(RANK_CASES)
     ]
     events += [
-        {"event_id": f"bad-s{i}", "request": {"method": "POST", "path": f"/runs/{run_id}/metrics", "body": body}}
+        {
+            "event_id": f"bad-s{i}",
+            "request": {"method": "POST", "path": f"/runs/{run_id}/metrics", "body": body},
+        }
         for i, (_, body, _) in enumerate(SCALAR_CASES)
     ]
-    good = {"event_id": "good", "request": {"method": "POST", "path": path, "body": rank_body(metrics={"ok": 1.0})}}
+    good = {
+        "event_id": "good",
+        "request": {"method": "POST", "path": path, "body": rank_body(metrics={"ok": 1.0})},
+    }
     response = _post_raw(api, "/api/ingest", {"events": [*events, good]})
     assert response.status_code == 200
     results = response.json()["results"]
@@ -130,7 +140,9 @@ def test_ingest_answers_each_bad_event_and_keeps_the_good_ones(api: httpx.Client
         (b'"text"', 400, "object"),
     ],
 )
-def test_malformed_bodies(api: httpx.Client, run_id: str, body: bytes, status: int, needle: str) -> None:
+def test_malformed_bodies(
+    api: httpx.Client, run_id: str, body: bytes, status: int, needle: str
+) -> None:
     for path in (f"/runs/{run_id}/rank-metrics", f"/runs/{run_id}/metrics", "/api/ingest", "/runs"):
         response = api.post(path, content=body, headers={"Content-Type": "application/json"})
         assert response.status_code == status, (path, response.text)
@@ -144,9 +156,30 @@ def test_malformed_bodies(api: httpx.Client, run_id: str, body: bytes, status: i
         ({"events": "nope"}, "events"),
         ({}, "events"),
         ({"events": [{"request": {}}]}, "event_id"),
-        ({"events": [{"event_id": "x", "request": {"method": "POST", "path": "/runs/x/metrics"}}]}, "body"),
-        ({"events": [{"event_id": "x", "request": {"method": "GET", "path": "/runs", "body": {}}}]}, "method"),
-        ({"events": [{"event_id": "x", "request": {"method": "POST", "path": "/nowhere", "body": {}}}]}, "path"),
+        (
+            {
+                "events": [
+                    {"event_id": "x", "request": {"method": "POST", "path": "/runs/x/metrics"}}
+                ]
+            },
+            "body",
+        ),
+        (
+            {
+                "events": [
+                    {"event_id": "x", "request": {"method": "GET", "path": "/runs", "body": {}}}
+                ]
+            },
+            "method",
+        ),
+        (
+            {
+                "events": [
+                    {"event_id": "x", "request": {"method": "POST", "path": "/nowhere", "body": {}}}
+                ]
+            },
+            "path",
+        ),
     ],
 )
 def test_malformed_batches(api: httpx.Client, batch: dict[str, Any], needle: str) -> None:
@@ -166,6 +199,11 @@ def test_oversized_body_is_413_and_stores_nothing(start_server: Any, tmp_path: P
         big = rank_body(metrics={f"k{i}": float(i) for i in range(400)})
         response = api.post("/runs/big/rank-metrics", json=big)
         assert response.status_code == 413 and "limit" in response.json()["error"]
-        events = [{"event_id": "e", "request": {"method": "POST", "path": "/runs/big/rank-metrics", "body": big}}]
+        events = [
+            {
+                "event_id": "e",
+                "request": {"method": "POST", "path": "/runs/big/rank-metrics", "body": big},
+            }
+        ]
         assert api.post("/api/ingest", json={"events": events}).status_code == 413
         assert stored_keys(api, "big") == []

@@ -86,18 +86,21 @@ class AsyncSender:
         return delivered
 
     def close(self, timeout: float) -> bool:
+        """Flush for at most ``timeout`` seconds, then stop. A sender stuck on a dead or hung
+        server is left behind (a daemon thread): finishing never waits longer than asked."""
         delivered = self.flush(timeout)
         self._stopping = True
         self._wake.set()
-        self._thread.join(timeout=max(0.1, timeout if not delivered else 5.0))
-        pending = len(self._queue)
-        if not delivered and pending:
+        self._thread.join(timeout=0.2)
+        if not delivered:
+            pending = self._submitted - self._settled
             warnings.warn(
                 f"instantml: finish timed out with {pending} events not yet delivered",
                 RuntimeWarning,
                 stacklevel=3,
             )
-        self._transport.close()
+        else:
+            self._transport.close()
         return delivered
 
     # ---- the background thread ----

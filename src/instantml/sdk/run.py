@@ -145,7 +145,8 @@ class Run:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.finish("failed" if exc_type is not None else "finished")
+        clean = exc is None or (isinstance(exc, SystemExit) and exc.code in (0, None))
+        self.finish("finished" if clean else "failed")
 
     def __repr__(self) -> str:
         return f"Run(run_id={self.run_id!r}, project={self.project!r}, upload_mode={self.upload_mode!r})"
@@ -198,7 +199,11 @@ def init(
     sink: Sink
     sink = SyncSink(transport) if upload_mode == "sync" else AsyncSender(transport)
     # Run creation is an ordinary event: in async mode init never waits on the server.
-    sink.submit("POST", "/runs", body)
+    try:
+        sink.submit("POST", "/runs", body)
+    except BaseException:
+        sink.close(0)
+        raise
     run = Run(
         resolved_id,
         body["project"],

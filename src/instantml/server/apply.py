@@ -17,16 +17,18 @@ async def apply_writes(
 ) -> list[Outcome | None]:
     """Apply envelopes in order; ``None`` for those whose key is already in flight (409)."""
     state = request.app.state
-    claimed: list[tuple[int, int, int]] = []
+    claimed: set[tuple[int, int, int]] = set()
     runnable: list[Envelope] = []
     answers: list[Outcome | None] = []
     for envelope in envelopes:
-        if envelope.idempotency is not None:
-            slot = state.in_flight.claim(org_id, envelope.idempotency)
+        idem = envelope.idempotency
+        if idem is not None and (org_id, idem.key_hi, idem.key_lo) not in claimed:
+            # A key repeated within this batch is fine: the store answers it as a replay.
+            slot = state.in_flight.claim(org_id, idem)
             if slot is None:
                 answers.append(None)
                 continue
-            claimed.append(slot)
+            claimed.add(slot)
         runnable.append(envelope)
         answers.append(Outcome(0, {}))
     try:

@@ -48,7 +48,7 @@ class InFlight:
         self._keys.add(slot)
         return slot
 
-    def release(self, slots: list[tuple[int, int, int]]) -> None:
+    def release(self, slots: set[tuple[int, int, int]]) -> None:
         self._keys.difference_update(slots)
 
 

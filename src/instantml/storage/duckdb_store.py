@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,7 @@ from .base import (
 )
 
 RANK, SCALAR = 1, 0
+_VALUES_MAX_ROWS = 64
 log = logging.getLogger(__name__)
 
 _SCHEMA = """
@@ -103,6 +106,7 @@ class _Batch:
         self.run_extent: dict[int, tuple[int, int]] = {}  # run_seq -> (max world_size, max step)
         self.new_runs: dict[tuple[int, str], int] = {}
         self.new_series: dict[tuple[int, int, str], int] = {}
+        self.extent_written: dict[int, tuple[int, int]] = {}
 
 
 class DuckDBStore:
@@ -124,6 +128,12 @@ class DuckDBStore:
             (run, kind, key): sid
             for sid, run, kind, key in self._con.execute(
                 "SELECT series_id, run_seq, kind, key FROM series"
+            ).fetchall()
+        }
+        self._extent: dict[int, tuple[int, int]] = {
+            seq: (size or 0, last if last is not None else -1)
+            for seq, size, last in self._con.execute(
+                "SELECT run_seq, world_size, last_step FROM runs"
             ).fetchall()
         }
         self._next_run = 1 + max(self._runs.values(), default=0)
@@ -148,7 +158,22 @@ class DuckDBStore:
             )
             .fetchall()
         )
-        return _run_record(rows[0]) if rows else None
+        if not rows:
+            return None
+        record = _run_record(rows[0])
+        # Config written after creation (the public SDK's log_config) as config attributes.
+        for path, value in (
+            self._cursor()
+            .execute(
+                "SELECT a.path, a.value FROM attributes a JOIN runs r USING (run_seq)"
+                " WHERE r.org_id = ? AND r.run_id = ? AND a.type = 'config'"
+                " AND starts_with(a.path, 'config/') ORDER BY a.seq",
+                [org_id, run_id],
+            )
+            .fetchall()
+        ):
+            record.config[path.removeprefix("config/")] = orjson.loads(value)
+        return record
 
     def list_runs(self, org_id: int, project: str | None, limit: int) -> list[RunRecord]:
         rows = (
@@ -285,6 +310,9 @@ class DuckDBStore:
         # Only a committed transaction may teach the caches new ids.
         self._runs.update(batch.new_runs)
         self._series.update(batch.new_series)
+        for seq, (size, last) in batch.extent_written.items():
+            old_size, old_last = self._extent.get(seq, (0, -1))
+            self._extent[seq] = (max(old_size, size), max(old_last, last))
         return outcomes
 
     def _apply_alone(self, envelope: Envelope) -> Outcome:
@@ -325,17 +353,40 @@ class DuckDBStore:
         ]
         if not slots:
             return {}
-        org, hi, lo = (np.array(column, dtype=np.int64) for column in zip(*slots))
-        con = self._con
-        con.register("idem_probe", {"org_id": org, "key_hi": hi, "key_lo": lo})
-        try:
-            rows = con.execute(
+        org, hi, lo = (list(column) for column in zip(*slots))
+        with self._rows(
+            "probe", {"org_id": (org, np.int32), "key_hi": (hi, np.int64), "key_lo": (lo, np.int64)}
+        ) as (source, params):
+            rows = self._con.execute(
                 "SELECT i.org_id, i.key_hi, i.key_lo, i.fingerprint, i.status, i.body"
-                " FROM idempotency i JOIN idem_probe p USING (org_id, key_hi, key_lo)"
+                f" FROM idempotency i JOIN {source} USING (org_id, key_hi, key_lo)",
+                params,
             ).fetchall()
+        return {(o, h, lw): (f, st, b) for o, h, lw, f, st, b in rows}
+
+    @contextmanager
+    def _rows(
+        self, name: str, columns: dict[str, tuple[list[Any], Any]]
+    ) -> Iterator[tuple[str, list[Any]]]:
+        """A table expression over column lists, for ``INSERT ... SELECT ... FROM <it>``.
+
+        DuckDB pays ~2 ms to scan a registered numpy frame whatever its size, and far less
+        for a parameterised VALUES list of a few rows: small groups (one request) use VALUES,
+        large ones (an ingest batch) the frame.
+        """
+        names = list(columns)
+        size = len(columns[names[0]][0])
+        if size <= _VALUES_MAX_ROWS:
+            row = "(" + ", ".join("?" * len(names)) + ")"
+            params = [v for values in zip(*(c[0] for c in columns.values())) for v in values]
+            yield f"(VALUES {', '.join([row] * size)}) AS {name}({', '.join(names)})", params
+            return
+        frame = {n: np.array(values, dtype=dtype) for n, (values, dtype) in columns.items()}
+        self._con.register(name, frame)
+        try:
+            yield name, []
         finally:
-            con.unregister("idem_probe")
-        return {(o, h, lw): (f, s, b) for o, h, lw, f, s, b in rows}
+            self._con.unregister(name)
 
     def _apply_write(self, write: Any, batch: _Batch) -> Outcome:
         if isinstance(write, WriteRankPoints):
@@ -450,18 +501,28 @@ class DuckDBStore:
         return Outcome(201, {"run": _run_record(row).to_json()})
 
     def _flush_extent(self, batch: _Batch) -> None:
-        if not batch.run_extent:
-            return
-        self._con.executemany(
-            "UPDATE runs SET world_size = CASE WHEN ? > 0 THEN greatest(coalesce(world_size, 0), ?)"
-            " ELSE world_size END, last_step = greatest(coalesce(last_step, -1), ?),"
-            " updated_at = ? WHERE run_seq = ?",
-            [
-                [size, size, last, time.time(), seq]
-                for seq, (size, last) in batch.run_extent.items()
-            ],
-        )
+        changed = {
+            seq: extent
+            for seq, extent in batch.run_extent.items()
+            if _grows(self._extent.get(seq), extent)
+        }
         batch.run_extent.clear()
+        if not changed:
+            return
+        seqs = list(changed)
+        sizes = [changed[q][0] for q in seqs]
+        lasts = [changed[q][1] for q in seqs]
+        with self._rows(
+            "ext", {"seq": (seqs, np.int32), "size": (sizes, np.int32), "last": (lasts, np.int64)}
+        ) as (source, params):
+            self._con.execute(
+                "UPDATE runs SET world_size = CASE WHEN ext.size > 0"
+                " THEN greatest(coalesce(world_size, 0), ext.size) ELSE world_size END,"
+                " last_step = greatest(coalesce(last_step, -1), ext.last), updated_at = ?"
+                f" FROM {source} WHERE runs.run_seq = ext.seq",
+                [time.time(), *params],
+            )
+        batch.extent_written.update(changed)
 
     def _flush(self, batch: _Batch) -> None:
         con = self._con
@@ -474,31 +535,40 @@ class DuckDBStore:
             self._next_series += len(batch.new_series)
         self._next_run += len(batch.new_runs)
         if batch.rank:
-            keys = np.array(list(batch.rank.keys()), dtype=np.int64)
+            keys = list(batch.rank)
             rest = list(batch.rank.values())
-            columns = {
-                "series_id": keys[:, 0].astype(np.int32),
-                "step": keys[:, 1],
-                "rank": keys[:, 2].astype(np.int16),
-                "world_size": np.array([r[0] for r in rest], dtype=np.int16),
-                "local_rank": np.array([r[1] for r in rest], dtype=np.int16),
-                "value": np.array([r[2] for r in rest], dtype=np.float64),
-                "weight": np.array([r[3] for r in rest], dtype=np.float64),
-                "ts": np.array([r[4] for r in rest], dtype=np.float64),
+            columns: dict[str, tuple[list[Any], Any]] = {
+                "series_id": ([k[0] for k in keys], np.int32),
+                "step": ([k[1] for k in keys], np.int64),
+                "rank": ([k[2] for k in keys], np.int16),
+                "world_size": ([r[0] for r in rest], np.int16),
+                "local_rank": ([r[1] for r in rest], np.int16),
+                "value": ([r[2] for r in rest], np.float64),
+                "weight": ([r[3] for r in rest], np.float64),
+                "ts": ([r[4] for r in rest], np.float64),
             }
-            con.register("rank_batch", columns)
-            try:
+            with self._rows("rank_batch", columns) as (source, params):
                 con.execute(
                     "INSERT OR REPLACE INTO rank_points SELECT series_id, step, rank, world_size,"
-                    " nullif(local_rank, -1), value, weight, ts FROM rank_batch"
+                    f" nullif(local_rank, -1), value, weight, ts FROM {source}",
+                    params,
                 )
-            finally:
-                con.unregister("rank_batch")
         if batch.scalar:
-            con.executemany(
-                "INSERT OR REPLACE INTO scalar_points VALUES (?, ?, ?, ?, ?)",
-                [[sid, step, v, ts, pv] for (sid, step), (v, ts, pv) in batch.scalar.items()],
-            )
+            keys2 = list(batch.scalar)
+            rest2 = list(batch.scalar.values())
+            columns = {
+                "series_id": ([k[0] for k in keys2], np.int32),
+                "step": ([k[1] for k in keys2], np.int64),
+                "value": ([r[0] for r in rest2], np.float64),
+                "ts": ([r[1] for r in rest2], np.float64),
+                "preview": ([r[2] for r in rest2], np.bool_),
+            }
+            with self._rows("scalar_batch", columns) as (source, params):
+                con.execute(
+                    "INSERT OR REPLACE INTO scalar_points"
+                    f" SELECT series_id, step, value, ts, preview FROM {source}",
+                    params,
+                )
         if batch.attributes:
             first = self._next_attr
             con.executemany(
@@ -510,28 +580,28 @@ class DuckDBStore:
             )
             self._next_attr += len(batch.attributes)
         if batch.idempotency:
-            now = time.time()
             slots = list(batch.idempotency.items())
             columns = {
-                "org_id": np.array([s[0][0] for s in slots], dtype=np.int32),
-                "key_hi": np.array([s[0][1] for s in slots], dtype=np.int64),
-                "key_lo": np.array([s[0][2] for s in slots], dtype=np.int64),
-                "fingerprint": np.array([s[1][0] for s in slots], dtype=np.int64),
-                "status": np.array([s[1][1] for s in slots], dtype=np.int16),
-                "body": np.array([s[1][2] for s in slots], dtype=object),
+                "org_id": ([s[0][0] for s in slots], np.int32),
+                "key_hi": ([s[0][1] for s in slots], np.int64),
+                "key_lo": ([s[0][2] for s in slots], np.int64),
+                "fingerprint": ([s[1][0] for s in slots], np.int64),
+                "status": ([s[1][1] for s in slots], np.int16),
+                "body": ([s[1][2] for s in slots], object),
             }
-            con.register("idem_batch", columns)
-            try:
+            with self._rows("idem_batch", columns) as (source, params):
                 con.execute(
                     "INSERT INTO idempotency SELECT org_id, key_hi, key_lo, fingerprint, status,"
-                    " body, ? FROM idem_batch",
-                    [now],
+                    f" body, ? FROM {source}",
+                    [time.time(), *params],
                 )
-            finally:
-                con.unregister("idem_batch")
 
     def close(self) -> None:
         self._con.close()
+
+
+def _grows(known: tuple[int, int] | None, extent: tuple[int, int]) -> bool:
+    return known is None or extent[0] > known[0] or extent[1] > known[1]
 
 
 def _first(result: duckdb.DuckDBPyConnection) -> tuple[Any, ...]:

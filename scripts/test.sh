@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Set up, then lint, type-check and run the whole test suite.
+set -euo pipefail
+EXTRAS=test source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
+# The public instantml 0.1.1 SDK, in a venv of its own, for the wire-compatibility tests.
+if [ ! -x .venv-public/bin/python ]; then
+  "$PYTHON" -m venv .venv-public
+fi
+.venv-public/bin/python -m pip install --quiet "instantml==0.1.1"
+export INSTANTML_PUBLIC_SDK_PYTHON="$PWD/.venv-public/bin/python"
+.venv/bin/ruff check src tests bench
+.venv/bin/ruff format --check src tests bench
+.venv/bin/mypy
+exec .venv/bin/python -m pytest "$@"

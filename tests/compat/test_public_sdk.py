@@ -1,0 +1,60 @@
+"""The public instantml 0.1.1 SDK (from PyPI, in a venv of its own) is a real client of this
+server in each of its upload modes: sync, async and spool with its own drain_spool."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+
+from instantml.server.process import ServerProcess
+from tests.helpers import stored_keys, stored_rank_points
+
+PUBLIC_PYTHON = os.environ.get("INSTANTML_PUBLIC_SDK_PYTHON")
+JOB = Path(__file__).with_name("public_sdk_job.py")
+
+pytestmark = pytest.mark.skipif(
+    not PUBLIC_PYTHON,
+    reason="set INSTANTML_PUBLIC_SDK_PYTHON to a python with instantml==0.1.1 (make test does)",
+)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async", "spool"])
+def test_public_sdk_mode(
+    server: ServerProcess, api: httpx.Client, tmp_path: Path, mode: str
+) -> None:
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(tmp_path),
+        "INSTANTML_API_KEY": server.admin_key,
+        "INSTANTML_API_BASE_URL": server.url,
+    }
+    out = subprocess.run(
+        [str(PUBLIC_PYTHON), str(JOB), mode, str(tmp_path / "spool")],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    run_id = out.stdout.strip().splitlines()[-1]
+    run = api.get(f"/runs/{run_id}").json()["run"]
+    assert (run["project"], run["name"], run["status"]) == (
+        "public-sdk",
+        f"public-{mode}",
+        "finished",
+    )
+    assert run["config"] == {"lr": 0.01, "nested": {"depth": 2}, "batch_size": 128}
+    assert run["tags"] == ["compat"] and run["metadata"]["notes"] == "from the public SDK"
+    assert {k["key"]: (k["kind"], k["points"]) for k in stored_keys(api, run_id)} == {
+        "eval/accuracy": ("scalar", 5),
+        "train/loss": ("rank", 20),
+        "optimizer/grad_norm": ("rank", 20),
+    }
+    points = stored_rank_points(api, run_id, "train/loss")
+    assert points[0] == [0, 0, 1.0, 32.0, 0, 4]
+    assert points[-1] == [4, 3, 0.2 + 3, 128.0, 1, 4]

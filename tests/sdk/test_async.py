@@ -1,0 +1,120 @@
+"""Async mode never blocks or raises into the training loop, whatever the server does."""
+
+from __future__ import annotations
+
+import socket
+import statistics
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+import instantml as im
+from instantml.sdk.async_sender import AsyncSender
+from instantml.sdk.transport import Transport
+from instantml.server.process import ServerProcess, free_port
+from tests.helpers import stored_rank_points
+
+
+@pytest.fixture
+def hung_server() -> Iterator[str]:
+    """A peer that accepts connections and never answers: a server stuck under load."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        sock.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                accepted.append(sock.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    stop.set()
+    thread.join()
+    for conn in accepted:
+        conn.close()
+    sock.close()
+
+
+def _time_loop(run: im.Run, steps: int = 2000) -> list[float]:
+    costs = []
+    for step in range(steps):
+        start = time.perf_counter()
+        run.log_rank_metrics({"loss": 1.0, "grad": 2.0, "t": 3.0}, step=step, rank=1, world_size=8)
+        costs.append(time.perf_counter() - start)
+    return costs
+
+
+@pytest.mark.parametrize("where", ["down", "hung"])
+def test_loop_stays_in_microseconds_and_finish_keeps_its_timeout(
+    where: str, hung_server: str
+) -> None:
+    url = f"http://127.0.0.1:{free_port()}" if where == "down" else hung_server
+    run = im.init(project="p", base_url=url, api_key="iml_x_y", timeout=5.0)
+    costs = _time_loop(run)
+    # A call that touched the network would cost milliseconds (down) or seconds (hung).
+    assert statistics.median(costs) < 200e-6, statistics.median(costs)
+    assert max(costs) < 0.05, max(costs)
+    start = time.monotonic()
+    with pytest.warns(RuntimeWarning, match="not yet delivered"):
+        delivered = run.finish(timeout=1.0)
+    assert delivered is False
+    assert time.monotonic() - start < 1.0 + 0.5
+
+
+def test_full_queue_drops_counts_and_warns_once() -> None:
+    sender = AsyncSender(Transport(f"http://127.0.0.1:{free_port()}", None), max_queue=10)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(500):
+            sender.submit("POST", "/runs/x/metrics", {"metrics": {"a": 1.0}, "step": 0})
+    drops = [w for w in caught if "dropping" in str(w.message)]
+    assert len(drops) == 1
+    assert sender.dropped >= 480  # the thread may have taken a batch off the queue meanwhile
+    with pytest.warns(RuntimeWarning):
+        sender.close(0.2)
+
+
+def test_async_delivers_everything(server: ServerProcess, api: httpx.Client) -> None:
+    run = im.init(project="tests", base_url=server.url, api_key=server.admin_key)
+    for step in range(300):
+        for rank in range(4):
+            run.log_rank_metrics(
+                {"loss": step + rank / 10},
+                step=step,
+                rank=rank,
+                world_size=4,
+                local_rank=rank,
+                weight=rank + 1,
+            )
+    run.log({"acc": 0.5})
+    assert run.finish(timeout=30) is True
+    points = stored_rank_points(api, run.run_id, "loss")
+    assert len(points) == 1200
+    assert points[5] == [1, 1, 1.1, 2.0, 1, 4]
+    status = api.get(f"/runs/{run.run_id}").json()["run"]["status"]
+    assert status == "finished"
+
+
+def test_validation_raises_at_the_call_before_queueing(server: ServerProcess) -> None:
+    run = im.init(project="tests", base_url=server.url, api_key=server.admin_key)
+    with pytest.raises(ValueError, match="weight"):
+        run.log_rank_metrics({"a": 1.0}, step=0, rank=0, world_size=2, weight=0)
+    with pytest.raises(TypeError, match="metrics"):
+        run.log_rank_metrics({"a": "x"}, step=0, rank=0, world_size=2)  # type: ignore[dict-item]
+    with pytest.raises(ValueError, match="rank"):
+        run.log_rank_metrics({"a": 1.0}, step=0, rank=2, world_size=2)
+    with pytest.raises(ValueError, match="rank is required"):
+        run.log_rank_metrics({"a": 1.0}, step=0)
+    assert run._sink._submitted == 1  # type: ignore[attr-defined]  # only the run creation
+    run.finish()

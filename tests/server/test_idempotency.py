@@ -1,0 +1,115 @@
+"""Idempotency-Key: a repeat returns the first answer and writes nothing; a different body
+is 422; concurrent repeats write once; a refused request may be retried afresh."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import httpx
+
+from instantml.server.process import ServerProcess
+from tests.helpers import rank_body, stored_rank_points
+
+
+def _key() -> dict[str, str]:
+    return {"Idempotency-Key": uuid.uuid4().hex}
+
+
+def test_repeat_returns_the_first_answer_and_stores_once(api: httpx.Client, run_id: str) -> None:
+    headers = _key()
+    path = f"/runs/{run_id}/rank-metrics"
+    first = api.post(path, json=rank_body(metrics={"k": 1.0}), headers=headers)
+    again = api.post(path, json=rank_body(metrics={"k": 1.0}), headers=headers)
+    assert (
+        (first.status_code, first.json())
+        == (again.status_code, again.json())
+        == (200, {"accepted": 1})
+    )
+    assert again.headers.get("idempotent-replayed") == "true"
+    assert len(stored_rank_points(api, run_id, "k")) == 1
+
+
+def test_replay_does_not_undo_a_later_write(api: httpx.Client, run_id: str) -> None:
+    path = f"/runs/{run_id}/rank-metrics"
+    headers = _key()
+    api.post(path, json=rank_body(metrics={"k": 1.0}), headers=headers)
+    api.post(path, json=rank_body(metrics={"k": 2.0}))  # a newer value for the same point
+    api.post(path, json=rank_body(metrics={"k": 1.0}), headers=headers)  # stale retry: a no-op
+    assert [p[2] for p in stored_rank_points(api, run_id, "k")] == [2.0]
+
+
+def test_same_key_different_body_is_422(api: httpx.Client, run_id: str) -> None:
+    headers = _key()
+    path = f"/runs/{run_id}/rank-metrics"
+    assert api.post(path, json=rank_body(metrics={"k": 1.0}), headers=headers).status_code == 200
+    response = api.post(path, json=rank_body(metrics={"k": 5.0}, rank=4), headers=headers)
+    assert response.status_code == 422 and "Idempotency-Key" in response.json()["error"]
+    assert [(p[1], p[2]) for p in stored_rank_points(api, run_id, "k")] == [(0, 1.0)]
+
+
+def test_refused_requests_are_not_remembered(api: httpx.Client, run_id: str) -> None:
+    headers = _key()
+    path = f"/runs/{run_id}/rank-metrics"
+    assert api.post(path, json=rank_body(weight=0), headers=headers).status_code == 422
+    assert api.post(path, json=rank_body(), headers=headers).status_code == 200
+
+
+def test_create_run_replay_answers_201_again(api: httpx.Client) -> None:
+    headers = _key()
+    body = {"project": "tests", "id": f"idem-{uuid.uuid4().hex[:8]}"}
+    first = api.post("/runs", json=body, headers=headers)
+    again = api.post("/runs", json=body, headers=headers)
+    assert first.status_code == again.status_code == 201
+    assert first.json() == again.json()
+
+
+def test_ingest_event_ids_are_idempotency_keys(api: httpx.Client, run_id: str) -> None:
+    path = f"/runs/{run_id}/rank-metrics"
+    events = [
+        {
+            "event_id": f"e-{run_id}-{r}",
+            "request": {
+                "method": "POST",
+                "path": path,
+                "body": rank_body(metrics={"k": float(r)}, rank=r),
+            },
+        }
+        for r in range(4)
+    ]
+    first = api.post("/api/ingest", json={"events": events}).json()
+    # A retry of the same batch, the same event twice within it, and a single-route replay.
+    again = api.post("/api/ingest", json={"events": events + events[:1]}).json()
+    assert again["results"][:4] == first["results"]
+    assert again["results"][4] == first["results"][0]
+    single = api.post(
+        path,
+        json=events[0]["request"]["body"],  # type: ignore[index]
+        headers={"Idempotency-Key": events[0]["event_id"]},
+    )  # type: ignore[dict-item]
+    assert single.json() == {"accepted": 1}
+    assert len(stored_rank_points(api, run_id, "k")) == 4
+
+
+def test_concurrent_repeats_write_once(
+    server: ServerProcess, api: httpx.Client, run_id: str
+) -> None:
+    key = uuid.uuid4().hex
+    path = f"/runs/{run_id}/metrics"
+
+    async def hammer() -> list[httpx.Response]:
+        headers = {"Authorization": f"Bearer {server.admin_key}", "Idempotency-Key": key}
+        async with httpx.AsyncClient(base_url=server.url, headers=headers, timeout=30) as client:
+            return await asyncio.gather(
+                *[client.post(path, json={"metrics": {"c": 1.0}, "step": 1}) for _ in range(32)]
+            )
+
+    responses = asyncio.run(hammer())
+    statuses = [r.status_code for r in responses]
+    assert set(statuses) <= {200, 409}, statuses
+    assert statuses.count(200) >= 1
+    assert all(r.json() == {"accepted": 1} for r in responses if r.status_code == 200)
+    assert all("Idempotency-Key" in r.json()["error"] for r in responses if r.status_code == 409)
+    assert api.get(f"/api/runs/{run_id}/metrics", params={"metric": "c"}).json()["points"] == [
+        [1, 1.0]
+    ]
