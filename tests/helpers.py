@@ -31,3 +31,12 @@ def stored_keys(api: httpx.Client, run_id: str) -> list[dict[str, object]]:
     response = api.get(f"/api/runs/{run_id}/keys")
     assert response.status_code == 200, response.text
     return response.json()["keys"]  # type: ignore[no-any-return]
+
+
+def admin_client(server: object) -> httpx.Client:
+    """A client with the server's admin key; use it in a ``with`` block."""
+    return httpx.Client(
+        base_url=server.url,  # type: ignore[attr-defined]
+        headers={"Authorization": f"Bearer {server.admin_key}"},  # type: ignore[attr-defined]
+        timeout=60,
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 
 import uvicorn
@@ -35,6 +36,11 @@ def serve(settings: ServerSettings) -> None:
         config = uvicorn.Config(
             app, host=settings.host, port=settings.port, log_level="warning", lifespan="on"
         )
+        # uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal to
+        # whatever handler was there before it. Make that a no-op, so the stores close
+        # below and a stop by signal exits 0.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: None)
         uvicorn.Server(config).run()
     finally:
         store.close()
