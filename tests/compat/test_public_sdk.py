@@ -18,7 +18,7 @@ JOB = Path(__file__).with_name("public_sdk_job.py")
 
 pytestmark = pytest.mark.skipif(
     not PUBLIC_PYTHON,
-    reason="set INSTANTML_PUBLIC_SDK_PYTHON to a python with instantml==0.1.1 (make test does)",
+    reason="set INSTANTML_PUBLIC_SDK_PYTHON to a python with instantml==0.1.1 (scripts/test.sh does)",
 )
 
 

@@ -14,7 +14,7 @@ from . import errors
 from .auth import KeyRing
 from .idempotency import InFlight
 from .responses import JSONResponse
-from .routes import ingest, metrics, runs
+from .routes import ingest, metrics, runs, summary
 from .writer import GroupCommitter
 
 
@@ -47,6 +47,7 @@ def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
     app.include_router(runs.router)
     app.include_router(metrics.router)
     app.include_router(ingest.router)
+    app.include_router(summary.router)
 
     @app.get("/healthz", include_in_schema=True)
     async def healthz() -> dict[str, str]:

@@ -44,22 +44,30 @@ class GroupCommitter:
             self._cond.notify()
         return await future
 
-    def _take(self) -> list[_Pending] | None:
+    def _take(self, wait: bool) -> list[_Pending]:
+        """What queued since the last commit; with ``wait``, block until something does."""
         with self._cond:
-            while not self._pending and not self._closed:
+            while wait and not self._pending and not self._closed:
                 self._cond.wait()
-            if not self._pending:
-                return None
-            group = [self._pending.popleft()]
-            size = len(group[0][0])
-            while self._pending and size + len(self._pending[0][0]) <= self._max:
+            group: list[_Pending] = []
+            size = 0
+            while self._pending and (not group or size + len(self._pending[0][0]) <= self._max):
                 item = self._pending.popleft()
                 size += len(item[0])
                 group.append(item)
             return group
 
     def _run(self) -> None:
-        while (group := self._take()) is not None:
+        background_work = True
+        while True:
+            group = self._take(wait=not background_work)
+            if not group:
+                if self._closed:
+                    return
+                # Idle: bring summary aggregates up to date, one bounded unit at a time.
+                background_work = self._store.maintain()
+                continue
+            background_work = True
             flat = [envelope for envelopes, _, _ in group for envelope in envelopes]
             try:
                 outcomes = self._store.apply(flat)

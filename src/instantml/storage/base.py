@@ -8,7 +8,10 @@ that is refused (an unknown run, say) does not sink the others.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from ..summary import SummaryParams
 
 
 @dataclass(slots=True)
@@ -62,7 +65,16 @@ class WriteAttributes:
     timestamp: float
 
 
-Write = CreateRun | PatchRun | WriteScalars | WriteRankPoints | WriteAttributes
+@dataclass(slots=True)
+class Refresh:
+    """Bring a key's summary aggregates up to date with every point committed before it."""
+
+    org_id: int
+    run_id: str
+    key: str
+
+
+Write = CreateRun | PatchRun | WriteScalars | WriteRankPoints | WriteAttributes | Refresh
 
 
 @dataclass(slots=True)
@@ -166,6 +178,22 @@ class Store(Protocol):
         self, org_id: int, run_id: str, key: str
     ) -> list[tuple[int, int, float, float, int | None, int]] | None:
         """(step, rank, value, weight, local_rank, world_size) rows, ordered by step, rank."""
+        ...
+
+    def rank_keys(self, org_id: int, run_id: str) -> list[str] | None:
+        """The run's rank-metric keys, sorted; None when the run is unknown."""
+        ...
+
+    def needs_refresh(self, org_id: int, run_id: str, key: str) -> bool: ...
+
+    def distributed_summary(
+        self, org_id: int, run_id: str, key: str, params: SummaryParams
+    ) -> dict[str, Any]:
+        """The Distributed summary of one key (DESIGN.md), as its JSON answer."""
+        ...
+
+    def maintain(self) -> bool:
+        """Do one bounded unit of background work (writer thread); True if more remains."""
         ...
 
     def close(self) -> None: ...

@@ -22,6 +22,8 @@ import duckdb
 import numpy as np
 import orjson
 
+from ..summary import SummaryParams
+from . import duckdb_summary
 from .base import (
     ApiKeyRecord,
     CreateRun,
@@ -29,6 +31,7 @@ from .base import (
     Idempotency,
     Outcome,
     PatchRun,
+    Refresh,
     RunRecord,
     SeriesKey,
     WriteAttributes,
@@ -38,6 +41,7 @@ from .base import (
 
 RANK, SCALAR = 1, 0
 _VALUES_MAX_ROWS = 64
+_REFRESH_CHUNK = 4096
 log = logging.getLogger(__name__)
 
 _SCHEMA = """
@@ -59,7 +63,9 @@ CREATE TABLE IF NOT EXISTS series (
 CREATE TABLE IF NOT EXISTS rank_points (
     series_id INTEGER NOT NULL, step BIGINT NOT NULL, rank SMALLINT NOT NULL,
     world_size SMALLINT NOT NULL, local_rank SMALLINT, value DOUBLE NOT NULL,
-    weight DOUBLE NOT NULL, ts DOUBLE NOT NULL, PRIMARY KEY (series_id, step, rank));
+    weight DOUBLE NOT NULL, ts DOUBLE NOT NULL,
+    delta DOUBLE, z DOUBLE, robust_z DOUBLE,  -- kept by duckdb_summary.refresh
+    PRIMARY KEY (series_id, step, rank));
 CREATE TABLE IF NOT EXISTS scalar_points (
     series_id INTEGER NOT NULL, step BIGINT NOT NULL, value DOUBLE NOT NULL,
     ts DOUBLE NOT NULL, preview BOOLEAN NOT NULL, PRIMARY KEY (series_id, step));
@@ -107,6 +113,9 @@ class _Batch:
         self.new_runs: dict[tuple[int, str], int] = {}
         self.new_series: dict[tuple[int, int, str], int] = {}
         self.extent_written: dict[int, tuple[int, int]] = {}
+        self.refresh: set[int] = set()  # series to bring up to date before COMMIT
+        self.stale: dict[int, set[int]] = {}  # series -> steps this batch made stale
+        self.refreshed: dict[int, set[int]] = {}
 
 
 class DuckDBStore:
@@ -117,6 +126,7 @@ class DuckDBStore:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._con = duckdb.connect(path)
         self._con.execute(_SCHEMA)
+        self._con.execute(duckdb_summary.SCHEMA)
         self._local = threading.local()
         self._runs: dict[tuple[int, str], int] = {
             (org, rid): seq
@@ -136,6 +146,12 @@ class DuckDBStore:
                 "SELECT run_seq, world_size, last_step FROM runs"
             ).fetchall()
         }
+        # Steps whose summary aggregates are behind their points (see duckdb_summary).
+        self._stale: dict[int, set[int]] = {}
+        for sid, step in self._con.execute(
+            "SELECT DISTINCT series_id, step FROM stale_steps"
+        ).fetchall():
+            self._stale.setdefault(sid, set()).add(step)
         self._next_run = 1 + max(self._runs.values(), default=0)
         self._next_series = 1 + max(self._series.values(), default=0)
         (self._next_attr,) = _first(
@@ -300,6 +316,11 @@ class DuckDBStore:
         try:
             outcomes = self._apply_in_transaction(envelopes, batch)
             self._flush(batch)
+            for sid in batch.refresh:
+                steps = self._stale.get(sid, set()) | batch.stale.get(sid, set())
+                if steps:
+                    duckdb_summary.refresh(con, sid, sorted(steps))
+                    batch.refreshed[sid] = steps
             con.execute("COMMIT")
         except Exception:
             con.execute("ROLLBACK")
@@ -310,6 +331,14 @@ class DuckDBStore:
         # Only a committed transaction may teach the caches new ids.
         self._runs.update(batch.new_runs)
         self._series.update(batch.new_series)
+        for sid, steps in batch.stale.items():
+            self._stale.setdefault(sid, set()).update(steps)
+        for sid, steps in batch.refreshed.items():
+            remaining = self._stale.get(sid, set()) - steps
+            if remaining:
+                self._stale[sid] = remaining
+            else:
+                self._stale.pop(sid, None)
         for seq, (size, last) in batch.extent_written.items():
             old_size, old_last = self._extent.get(seq, (0, -1))
             self._extent[seq] = (max(old_size, size), max(old_last, last))
@@ -417,6 +446,11 @@ class DuckDBStore:
             return Outcome(200, {"accepted": len(write.metrics)})
         if isinstance(write, CreateRun):
             return self._create_run(write, batch)
+        if isinstance(write, Refresh):
+            series = self._rank_series(write.org_id, write.run_id, write.key)
+            if series is not None:
+                batch.refresh.add(series)
+            return Outcome(200, {})
         if isinstance(write, PatchRun):
             seq = self._lookup_run(write.org_id, write.run_id, batch)
             if seq is None:
@@ -549,10 +583,22 @@ class DuckDBStore:
             }
             with self._rows("rank_batch", columns) as (source, params):
                 con.execute(
-                    "INSERT OR REPLACE INTO rank_points SELECT series_id, step, rank, world_size,"
+                    "INSERT OR REPLACE INTO rank_points (series_id, step, rank, world_size,"
+                    " local_rank, value, weight, ts) SELECT series_id, step, rank, world_size,"
                     f" nullif(local_rank, -1), value, weight, ts FROM {source}",
                     params,
                 )
+            for sid, step, _ in keys:
+                batch.stale.setdefault(sid, set()).add(step)
+            pairs = [(sid, step) for sid, steps in batch.stale.items() for step in steps]
+            with self._rows(
+                "stale_batch",
+                {
+                    "series_id": ([p[0] for p in pairs], np.int32),
+                    "step": ([p[1] for p in pairs], np.int64),
+                },
+            ) as (source, params):
+                con.execute(f"INSERT INTO stale_steps SELECT series_id, step FROM {source}", params)
         if batch.scalar:
             keys2 = list(batch.scalar)
             rest2 = list(batch.scalar.values())
@@ -595,6 +641,50 @@ class DuckDBStore:
                     f" body, ? FROM {source}",
                     [time.time(), *params],
                 )
+
+    # ---- the Distributed summary ----
+
+    def rank_keys(self, org_id: int, run_id: str) -> list[str] | None:
+        seq = self._run_seq(org_id, run_id)
+        if seq is None:
+            return None
+        return sorted(key for (run, kind, key) in list(self._series) if run == seq and kind == RANK)
+
+    def _rank_series(self, org_id: int, run_id: str, key: str) -> int | None:
+        seq = self._run_seq(org_id, run_id)
+        return None if seq is None else self._series.get((seq, RANK, key))
+
+    def needs_refresh(self, org_id: int, run_id: str, key: str) -> bool:
+        sid = self._rank_series(org_id, run_id, key)
+        return sid is not None and bool(self._stale.get(sid))
+
+    def distributed_summary(
+        self, org_id: int, run_id: str, key: str, params: SummaryParams
+    ) -> dict[str, Any]:
+        sid = self._rank_series(org_id, run_id, key)
+        if sid is None:
+            raise LookupError(key)
+        return duckdb_summary.summary(self._cursor(), sid, params)
+
+    def maintain(self) -> bool:
+        """Refresh up to a few thousand stale steps of one series in one transaction."""
+        if not self._stale:
+            return False
+        sid, steps = next(iter(self._stale.items()))
+        chunk = sorted(steps)[:_REFRESH_CHUNK]
+        con = self._con
+        con.execute("BEGIN TRANSACTION")
+        try:
+            duckdb_summary.refresh(con, sid, chunk)
+            con.execute("COMMIT")
+        except Exception:
+            con.execute("ROLLBACK")
+            log.exception("refreshing summary aggregates of series %s", sid)
+            return False
+        steps.difference_update(chunk)
+        if not steps:
+            self._stale.pop(sid, None)
+        return bool(self._stale)
 
     def close(self) -> None:
         self._con.close()

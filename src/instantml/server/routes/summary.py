@@ -1,0 +1,53 @@
+"""``GET /api/runs/{id}/distributed``: the Distributed summary of one rank-metric key."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Request
+from starlette.concurrency import run_in_threadpool
+
+from ...storage.base import ApiKeyRecord, Envelope, Refresh
+from ...summary import SummaryParams
+from ..auth import require
+from ..errors import ApiError
+
+router = APIRouter()
+Read = Annotated[ApiKeyRecord, Depends(require("read"))]
+
+
+@router.get("/api/runs/{run_id}/distributed")
+async def distributed(
+    request: Request,
+    run_id: str,
+    key: Read,
+    metric: Annotated[str | None, Query(alias="key", min_length=1, max_length=2048)] = None,
+    step_min: Annotated[int | None, Query(ge=0)] = None,
+    step_max: Annotated[int | None, Query(ge=0)] = None,
+    max_points: Annotated[int, Query(ge=1, le=10_000)] = 500,
+    heatmap_steps: Annotated[int, Query(ge=1, le=2_000)] = 200,
+    z: Annotated[float, Query(gt=0, le=1e6)] = 3.0,
+    outlier_limit: Annotated[int, Query(ge=0, le=10_000)] = 100,
+) -> dict[str, Any]:
+    """Reducers across ranks per step, coverage, rank x step heatmap, outliers and the
+    per-rank rollup of one key (default: the first key in sorted order)."""
+    store = request.app.state.store
+    keys = await run_in_threadpool(store.rank_keys, key.org_id, run_id)
+    if keys is None:
+        raise ApiError(404, f"run {run_id!r} not found")
+    if metric is None:
+        if not keys:
+            raise ApiError(404, f"run {run_id!r} has no rank metrics yet")
+        metric = keys[0]
+    elif metric not in keys:
+        raise ApiError(404, f"key: run {run_id!r} has no rank metric {metric!r}")
+    try:
+        params = SummaryParams(
+            metric, step_min, step_max, max_points, heatmap_steps, z, outlier_limit
+        )
+    except ValueError as exc:
+        raise ApiError(422, str(exc)) from None
+    if store.needs_refresh(key.org_id, run_id, metric):
+        await request.app.state.writer.submit([Envelope(Refresh(key.org_id, run_id, metric))])
+    body = await run_in_threadpool(store.distributed_summary, key.org_id, run_id, metric, params)
+    return {"run_id": run_id, "key": metric, "keys": keys, **body}

@@ -1,0 +1,37 @@
+"""Query parameters of ``GET /api/runs/{id}/distributed`` and the bucketing rule."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+ROBUST_Z_THRESHOLD = 3.5  # Iglewicz and Hoaglin's cut-off for the modified z-score
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryParams:
+    key: str | None = None
+    step_min: int | None = None
+    step_max: int | None = None
+    max_points: int = 500
+    heatmap_steps: int = 200
+    z: float = 3.0
+    outlier_limit: int = 100
+
+    def __post_init__(self) -> None:
+        if (
+            self.step_min is not None
+            and self.step_max is not None
+            and self.step_min > self.step_max
+        ):
+            raise ValueError("step_min must be <= step_max")
+        if not (math.isfinite(self.z) and self.z > 0):
+            raise ValueError("z must be a finite number > 0")
+
+
+def bucket_size(first: int, last: int, distinct_steps: int, cap: int) -> int:
+    """1 when the range holds at most ``cap`` distinct steps, else the equal width in step
+    numbers that fits the range into ``cap`` buckets: ceil((last - first + 1) / cap)."""
+    if distinct_steps <= cap:
+        return 1
+    return -(-(last - first + 1) // cap)

@@ -1,0 +1,206 @@
+"""A plain numpy reading of DESIGN.md's "The Distributed summary", point by point.
+
+Written from the definitions, independently of the server's SQL: the tests hold the
+server's answers to this.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Point:
+    step: int
+    rank: int
+    value: float
+    weight: float = 1.0
+    local_rank: int | None = None
+    world_size: int = 8
+
+
+def _bucket_size(first: int, last: int, distinct: int, cap: int) -> int:
+    return 1 if distinct <= cap else math.ceil((last - first + 1) / cap)
+
+
+def _groups(steps: list[int], size: int) -> list[list[int]]:
+    groups: dict[int, list[int]] = defaultdict(list)
+    for s in steps:
+        groups[(s - steps[0]) // size].append(s)
+    return [groups[k] for k in sorted(groups)]
+
+
+def reference(
+    writes: list[Point],
+    step_min: int | None = None,
+    step_max: int | None = None,
+    max_points: int = 500,
+    heatmap_steps: int = 200,
+    z: float = 3.0,
+    outlier_limit: int = 100,
+) -> dict[str, Any]:
+    latest: dict[tuple[int, int], Point] = {}
+    for p in writes:  # a rank's latest write wins
+        latest[(p.step, p.rank)] = p
+    world_size = max(p.world_size for p in latest.values())
+    lo = -1 if step_min is None else step_min
+    hi = math.inf if step_max is None else step_max
+    points = [p for p in latest.values() if lo <= p.step <= hi]
+    by_step: dict[int, list[Point]] = defaultdict(list)
+    for p in points:
+        by_step[p.step].append(p)
+    steps = sorted(by_step)
+
+    stats: dict[int, dict[str, float]] = {}
+    scores: dict[tuple[int, int], tuple[float, float, float]] = {}
+    for s in steps:
+        ps = sorted(by_step[s], key=lambda p: p.rank)
+        v = np.array([p.value for p in ps])
+        w = np.array([p.weight for p in ps])
+        constant = bool(v.min() == v.max())
+        mean = float(v[0]) if constant else float(v.mean())
+        std = 0.0 if constant else float(np.sqrt(((v - mean) ** 2).sum() / len(v)))
+        p05, p50, p95 = (float(x) for x in np.percentile(v, [5, 50, 95]))
+        ad = np.abs(v - p50)
+        mad, mean_ad = float(np.median(ad)), float(ad.mean())
+        stats[s] = {
+            "count": len(v),
+            "expected": max(p.world_size for p in ps),
+            "mean": mean,
+            "weighted_mean": float(v[0]) if constant else float((w * v).sum() / w.sum()),
+            "min": float(v.min()),
+            "max": float(v.max()),
+            "std": std,
+            "p05": p05,
+            "p50": p50,
+            "p95": p95,
+        }
+        for p in ps:
+            delta = p.value - mean
+            zs = delta / std if std > 0 else 0.0
+            if mad > 0:
+                robust = 0.6745 * (p.value - p50) / mad
+            elif mean_ad > 0:
+                robust = 0.7979 * (p.value - p50) / mean_ad
+            else:
+                robust = 0.0
+            scores[(s, p.rank)] = (delta, zs, robust)
+
+    def is_outlier(key: tuple[int, int]) -> bool:
+        _, zs, robust = scores[key]
+        return abs(zs) >= z or abs(robust) >= 3.5
+
+    if not steps:
+        return {
+            "world_size": world_size,
+            "steps": [],
+            "step_range": None,
+            "bucket_size": 1,
+            "coverage": {"full_steps": 0, "partial_steps": 0, "missing": []},
+            "heatmap": {"ranks": [], "buckets": [], "values": []},
+            "outliers": [],
+            "ranks": [],
+            "all_scores": [],
+        }
+
+    size = _bucket_size(steps[0], steps[-1], len(steps), max_points)
+    step_rows = []
+    for group in _groups(steps, size):
+        rows = [stats[s] for s in group]
+        lo_v, hi_v = min(r["min"] for r in rows), max(r["max"] for r in rows)
+        step_rows.append(
+            {
+                "step": group[0],
+                "step_end": group[-1],
+                "count": min(r["count"] for r in rows),
+                "expected": max(r["expected"] for r in rows),
+                **{
+                    k: float(np.mean([r[k] for r in rows]))
+                    for k in ("mean", "weighted_mean", "std", "p05", "p50", "p95")
+                },
+                "min": lo_v,
+                "max": hi_v,
+                "range": hi_v - lo_v,
+            }
+        )
+
+    last_of: dict[int, int] = {}
+    for p in points:
+        last_of[p.rank] = max(last_of.get(p.rank, -1), p.step)
+    missing = []
+    for r in range(world_size):
+        seen = last_of.get(r)
+        if seen == steps[-1]:
+            continue
+        after = steps[0] if seen is None else min(s for s in steps if s > seen)
+        missing.append({"rank": r, "last_seen_step": seen, "first_missing_step": after})
+
+    heat_size = _bucket_size(steps[0], steps[-1], len(steps), heatmap_steps)
+    heat_groups = _groups(steps, heat_size)
+    ranks = sorted({p.rank for p in points})
+    values = []
+    for r in ranks:
+        row = []
+        for group in heat_groups:
+            vs = [latest[(s, r)].value for s in group if (s, r) in latest and s in by_step]
+            row.append(float(np.mean(vs)) if vs else None)
+        values.append(row)
+
+    outliers = sorted(
+        (k for k in scores if is_outlier(k)),
+        key=lambda k: (-abs(scores[k][2]), -abs(scores[k][1]), k[0], k[1]),
+    )[:outlier_limit]
+    rollup = []
+    for r in ranks:
+        keys = [(s, r) for s in steps if (s, r) in scores]
+        local = [latest[k].local_rank for k in keys if latest[k].local_rank is not None]
+        rollup.append(
+            {
+                "rank": r,
+                "local_rank": local[-1] if local else None,
+                "steps_reported": len(keys),
+                "last_step": keys[-1][0],
+                "mean_delta": float(np.mean([scores[k][0] for k in keys])),
+                "mean_abs_z": float(np.mean([abs(scores[k][1]) for k in keys])),
+                "outlier_steps": sum(is_outlier(k) for k in keys),
+            }
+        )
+    return {
+        "world_size": world_size,
+        "step_range": [steps[0], steps[-1]],
+        "bucket_size": size,
+        "steps": step_rows,
+        "coverage": {
+            "full_steps": sum(stats[s]["count"] == stats[s]["expected"] for s in steps),
+            "partial_steps": sum(stats[s]["count"] < stats[s]["expected"] for s in steps),
+            "missing": missing,
+        },
+        "heatmap": {
+            "ranks": ranks,
+            "buckets": [[g[0], g[-1]] for g in heat_groups],
+            "values": values,
+        },
+        "outliers": [
+            {
+                "step": s,
+                "rank": r,
+                "local_rank": latest[(s, r)].local_rank,
+                "value": latest[(s, r)].value,
+                "mean": stats[s]["mean"],
+                "delta": scores[(s, r)][0],
+                "z": scores[(s, r)][1],
+                "robust_z": scores[(s, r)][2],
+            }
+            for s, r in outliers
+        ],
+        "ranks": rollup,
+        # Not part of the answer: every row's scores, for tests that must know borderline rows.
+        "all_scores": [
+            {"step": s, "rank": r, "z": sc[1], "robust_z": sc[2]} for (s, r), sc in scores.items()
+        ],
+    }
