@@ -42,6 +42,41 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     )
 
 
+def _cmd_ranks(args: argparse.Namespace) -> int:
+    try:
+        from .summary.terminal import print_summary
+    except ImportError as exc:
+        return _server_extra_missing(exc)
+    import httpx
+
+    from .sdk import config
+
+    api_key = config.resolve_api_key(None)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    params = {
+        "key": args.key,
+        "step_min": args.step_min,
+        "step_max": args.step_max,
+        "max_points": args.width,
+    }
+    url = config.resolve_base_url(None)
+    try:
+        response = httpx.get(
+            f"{url}/api/runs/{args.run_id}/distributed",
+            headers=headers,
+            params={k: v for k, v in params.items() if v is not None},
+            timeout=60,
+        )
+    except httpx.HTTPError as exc:
+        print(f"error: cannot reach {url}: {exc}", file=sys.stderr)
+        return 1
+    if response.status_code != 200:
+        print(f"error: {response.status_code}: {response.json().get('error')}", file=sys.stderr)
+        return 1
+    print_summary(response.json())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="instantml", description=__doc__)
     parser.add_argument("--version", action="version", version=f"instantml {__version__}")
@@ -63,6 +98,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--upload-mode", default="async", choices=["async", "sync"])
     demo.add_argument("--no-serve", action="store_true", help="stop the server when the job ends")
     demo.set_defaults(func=_cmd_demo)
+    ranks = commands.add_parser("ranks", help="the Distributed summary of a run in the terminal")
+    ranks.add_argument("run_id")
+    ranks.add_argument("--key", default=None, help="rank-metric key (default: the first)")
+    ranks.add_argument("--step-min", type=int, default=None)
+    ranks.add_argument("--step-max", type=int, default=None)
+    ranks.add_argument("--width", type=int, default=60, help="sparkline resolution (buckets)")
+    ranks.set_defaults(func=_cmd_ranks)
     return parser
 
 

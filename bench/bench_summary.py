@@ -1,0 +1,284 @@
+"""The Distributed summary on a 512-rank run: latency, memory, baselines, growth.
+
+    .venv/bin/python bench/bench_summary.py [--steps 10000] [--growth 1000,10000,50000]
+                                             [--load ingest|sql] [--repeats 15]
+
+For each run size it builds a run of 512 ranks x N steps x 1 key (a slow rank, a noisy rank,
+a rank that stops at 60%, spikes on one shard), starts a real server on it and measures,
+warm, median over --repeats:
+  * the default summary (max_points=500, heatmap_steps=200), over HTTP;
+  * a zoom into 1,000 steps, over HTTP;
+  * the server's RSS while answering;
+and, side by side on the same data: (a) loading the points into numpy and computing the same
+summary there (the tests' reference definitions, vectorised), (b) one plain SQL
+``GROUP BY step`` with the per-step reducers from raw points in DuckDB.
+
+``--load ingest`` sends the points through POST /api/ingest (1,000-event batches, as the
+SDK would); ``--load sql`` writes them straight into the store file before the server
+starts (same tables, same stale marks; used for the growth series, where ingesting 25M
+points through HTTP would take most of an hour).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import duckdb
+import httpx
+import numpy as np
+
+from instantml.server.bootstrap import bootstrap
+from instantml.server.process import ServerProcess
+from instantml.settings import ServerSettings
+from instantml.storage.base import CreateRun, Envelope, WriteRankPoints
+from instantml.storage.duckdb_store import DuckDBStore
+
+RANKS = 512
+RUN = "bench-512"
+KEY = "train/loss"
+
+# value(step, rank): a decaying loss; rank 7 slower (+0.3), rank 11 noisy, shard 42 spikes
+# every 97 steps, rank 300 stops at 60% of the steps.
+VALUE_SQL = (
+    "2.0 / (1 + s / 1000.0) + (r % 13) * 0.001 + CASE WHEN r = 7 THEN 0.3 ELSE 0 END"
+    " + CASE WHEN r = 11 THEN (random() - 0.5) ELSE (random() - 0.5) * 0.02 END"
+    " + CASE WHEN r = 42 AND s % 97 = 0 THEN 5 ELSE 0 END"
+)
+
+
+def load_sql(data: Path, steps: int) -> None:
+    settings = ServerSettings(data_dir=data)
+    data.mkdir(parents=True, exist_ok=True)
+    store = DuckDBStore(str(data / "instantml.duckdb"))
+    bootstrap(settings, store)
+    org = 1
+    store.apply([Envelope(CreateRun(org, RUN, "bench", None, {}, [], {}))])
+    store.apply([Envelope(WriteRankPoints(org, RUN, 0, 0, RANKS, 0, 1.0, {KEY: 1.0}, 0.0))])
+    store.close()
+    con = duckdb.connect(str(data / "instantml.duckdb"))
+    (sid,) = con.execute("SELECT series_id FROM series WHERE key = ?", [KEY]).fetchall()[0]
+    con.execute("SELECT setseed(0.42)")
+    con.execute(
+        "INSERT OR REPLACE INTO rank_points (series_id, step, rank, world_size, local_rank, value,"
+        f" weight, ts) SELECT {sid}, s, r, {RANKS}, r % 8, {VALUE_SQL}, 1 + r % 4, 0"
+        f" FROM range({steps}) t(s), range({RANKS}) u(r) WHERE NOT (r = 300 AND s > {int(steps * 0.6)})"
+    )
+    con.execute(f"INSERT INTO stale_steps SELECT {sid}, s FROM range({steps}) t(s)")
+    con.execute(f"UPDATE runs SET world_size = {RANKS}, last_step = {steps - 1}")
+    con.close()
+
+
+async def load_ingest(url: str, key: str, steps: int) -> float:
+    headers = {"Authorization": f"Bearer {key}"}
+    rng = np.random.default_rng(42)
+    path = f"/runs/{RUN}/rank-metrics"
+    start = time.perf_counter()
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=300) as http:
+        (await http.post("/runs", json={"project": "bench", "id": RUN})).raise_for_status()
+        queue: asyncio.Queue[list[dict[str, object]] | None] = asyncio.Queue(maxsize=4)
+
+        async def sender() -> None:
+            while (batch := await queue.get()) is not None:
+                (await http.post("/api/ingest", json={"events": batch})).raise_for_status()
+
+        senders = [asyncio.create_task(sender()) for _ in range(2)]
+        batch: list[dict[str, object]] = []
+        for s in range(steps):
+            noise = rng.uniform(-0.5, 0.5, RANKS)
+            for r in range(RANKS):
+                if r == 300 and s > int(steps * 0.6):
+                    continue
+                value = 2.0 / (1 + s / 1000) + (r % 13) * 0.001 + (0.3 if r == 7 else 0)
+                value += noise[r] if r == 11 else noise[r] * 0.02
+                value += 5 if (r == 42 and s % 97 == 0) else 0
+                batch.append(
+                    {
+                        "event_id": f"{s}-{r}",
+                        "request": {
+                            "method": "POST",
+                            "path": path,
+                            "body": {
+                                "metrics": {KEY: value},
+                                "step": s,
+                                "rank": r,
+                                "world_size": RANKS,
+                                "local_rank": r % 8,
+                                "weight": 1 + r % 4,
+                            },
+                        },
+                    }
+                )
+                if len(batch) == 1000:
+                    await queue.put(batch)
+                    batch = []
+        if batch:
+            await queue.put(batch)
+        for _ in senders:
+            await queue.put(None)
+        await asyncio.gather(*senders)
+    return time.perf_counter() - start
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def numpy_baseline(db: Path, steps: int) -> float:
+    """Pull the key's points into numpy and compute the per-step reducers, MAD scores,
+    per-rank rollup and heatmap there (vectorised)."""
+    start = time.perf_counter()
+    con = duckdb.connect(str(db), read_only=True)
+    cols = con.execute(
+        "SELECT step, rank, value, weight FROM rank_points ORDER BY step, rank"
+    ).fetchnumpy()
+    con.close()
+    step, rank, v, w = cols["step"], cols["rank"].astype(np.int64), cols["value"], cols["weight"]
+    starts = np.flatnonzero(np.r_[True, step[1:] != step[:-1]])
+    counts = np.diff(np.r_[starts, len(step)])
+    mean = np.add.reduceat(v, starts) / counts
+    wmean = np.add.reduceat(w * v, starts) / np.add.reduceat(w, starts)
+    mean_rep = np.repeat(mean, counts)
+    std = np.sqrt(np.add.reduceat((v - mean_rep) ** 2, starts) / counts)
+    grid = np.full((len(starts), RANKS), np.nan)
+    grid[np.repeat(np.arange(len(starts)), counts), rank] = v
+    p05, p50, p95 = np.nanpercentile(grid, [5, 50, 95], axis=1)
+    ad = np.abs(grid - p50[:, None])
+    mad = np.nanmedian(ad, axis=1)
+    z = (grid - mean[:, None]) / np.where(std > 0, std, np.inf)[:, None]
+    robust = 0.6745 * (grid - p50[:, None]) / np.where(mad > 0, mad, np.inf)[:, None]
+    with warnings.catch_warnings():  # all-NaN cells (a rank that stopped) are expected
+        warnings.simplefilter("ignore", RuntimeWarning)
+        _ = (
+            np.nanmean(np.abs(z), axis=0),
+            np.nansum((np.abs(z) >= 3) | (np.abs(robust) >= 3.5), axis=0),
+        )
+        _ = (
+            np.nanmean(grid[: (len(starts) // 200) * 200].reshape(200, -1, RANKS), axis=1),
+            wmean,
+            p05,
+            p95,
+        )
+    return time.perf_counter() - start
+
+
+def sql_group_by(db: Path) -> float:
+    con = duckdb.connect(str(db), read_only=True)
+    start = time.perf_counter()
+    con.execute(
+        "SELECT step, count(*), avg(value), sum(weight * value) / sum(weight), min(value), max(value),"
+        " stddev_pop(value), quantile_cont(value, [0.05, 0.5, 0.95]) FROM rank_points"
+        " GROUP BY step ORDER BY step"
+    ).fetchall()
+    elapsed = time.perf_counter() - start
+    con.close()
+    return elapsed
+
+
+def timed_get(http: httpx.Client, params: dict[str, object]) -> tuple[float, int]:
+    start = time.perf_counter()
+    response = http.get(f"/api/runs/{RUN}/distributed", params=params)
+    response.raise_for_status()
+    return time.perf_counter() - start, len(response.content)
+
+
+def measure(steps: int, load: str, repeats: int) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "data"
+        ingest_s = float("nan")
+        if load == "sql":
+            load_sql(data, steps)
+        server = ServerProcess(data, env={"HOME": tmp}).start()
+        try:
+            if load == "ingest":
+                ingest_s = asyncio.run(load_ingest(server.url, server.admin_key, steps))
+            http = httpx.Client(
+                base_url=server.url,
+                timeout=600,
+                headers={"Authorization": f"Bearer {server.admin_key}"},
+            )
+            cold, _ = timed_get(http, {})  # brings the stale aggregates up to date
+            zoom_lo = steps // 2
+            default, zoom, rss = [], [], []
+            size = 0
+            for _ in range(repeats):
+                elapsed, size = timed_get(http, {})
+                default.append(elapsed)
+                rss.append(rss_mb(server.proc.pid))  # type: ignore[union-attr]
+                zoom.append(timed_get(http, {"step_min": zoom_lo, "step_max": zoom_lo + 999})[0])
+            http.close()
+        finally:
+            server.stop()
+        db = data / "instantml.duckdb"
+        baseline_np = statistics.median(numpy_baseline(db, steps) for _ in range(3))
+        baseline_sql = statistics.median(sql_group_by(db) for _ in range(3))
+    return {
+        "steps": steps,
+        "points": steps * RANKS,
+        "ingest_s": ingest_s,
+        "cold_s": cold,
+        "default_ms": statistics.median(default) * 1000,
+        "zoom_ms": statistics.median(zoom) * 1000,
+        "rss_mb": max(rss),
+        "answer_kb": size / 1024,
+        "numpy_ms": baseline_np * 1000,
+        "groupby_ms": baseline_sql * 1000,
+    }
+
+
+def report(row: dict[str, float]) -> None:
+    print(f"\n512 ranks x {row['steps']:,} steps = {row['points']:,} points")
+    if row["ingest_s"] == row["ingest_s"]:
+        print(
+            f"  ingest through /api/ingest : {row['ingest_s']:.0f} s ({row['points'] / row['ingest_s']:,.0f} points/s)"
+        )
+    print(f"  first summary (aggregates brought up to date): {row['cold_s'] * 1000:,.0f} ms")
+    print(
+        f"  default summary, warm median : {row['default_ms']:7.1f} ms  ({row['answer_kb']:,.0f} KiB)"
+    )
+    print(f"  zoom to 1,000 steps, median  : {row['zoom_ms']:7.1f} ms")
+    print(f"  server RSS while answering   : {row['rss_mb']:7.0f} MB")
+    print(
+        f"  baseline numpy (load + compute): {row['numpy_ms']:7.0f} ms  -> summary is {row['numpy_ms'] / row['default_ms']:.1f}x faster"
+    )
+    print(
+        f"  baseline one SQL GROUP BY step : {row['groupby_ms']:7.0f} ms  -> summary is {row['groupby_ms'] / row['default_ms']:.1f}x faster"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=10_000)
+    parser.add_argument("--load", choices=["ingest", "sql"], default="ingest")
+    parser.add_argument("--growth", default="", help="comma-separated step counts, loaded by SQL")
+    parser.add_argument("--repeats", type=int, default=15)
+    args = parser.parse_args()
+    print(f"cores: {os.cpu_count()}; medians over {args.repeats} warm requests")
+    rows = []
+    if args.steps:
+        rows.append(measure(args.steps, args.load, args.repeats))
+        report(rows[-1])
+    for steps in [int(s) for s in args.growth.split(",") if s]:
+        rows.append(measure(steps, "sql", args.repeats))
+        report(rows[-1])
+    if len(rows) > 1:
+        print("\ngrowth (default summary / zoom, warm medians):")
+        for row in rows:
+            print(
+                f"  {row['steps']:>7,} steps: {row['default_ms']:7.1f} ms / {row['zoom_ms']:6.1f} ms"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
