@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from ._version import __version__
 
@@ -77,6 +79,77 @@ def _cmd_ranks(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_sync(args: argparse.Namespace) -> int:
+    import signal
+
+    from .sdk import config
+    from .spool.uploader import AlreadyRunning, Uploader, UploadStopped
+
+    stop = False
+
+    def request_stop(*_: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    url = config.resolve_base_url(None)
+    progress = _sync_progress() if sys.stderr.isatty() else None
+    uploader = Uploader(
+        args.spool_dir,
+        url,
+        config.resolve_api_key(None),
+        batch_events=args.batch_events,
+        on_progress=progress[1] if progress else None,
+    )
+    try:
+        with uploader:
+            if progress:
+                progress[0].start()
+            try:
+                stats = uploader.run(
+                    follow=args.follow, until_done=args.until_done, should_stop=lambda: stop
+                )
+            finally:
+                if progress:
+                    progress[0].stop()
+    except AlreadyRunning as exc:
+        if args.quiet_if_running:
+            return 0
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
+    except UploadStopped as exc:
+        print(
+            f"error: {exc}. The spool is intact; run `instantml sync` again once resolved.",
+            file=sys.stderr,
+        )
+        _print_sync(uploader.stats, args.spool_dir)
+        return 1
+    _print_sync(stats, args.spool_dir)
+    return 0
+
+
+def _sync_progress() -> tuple[Any, Any]:
+    from rich.progress import Progress, SpinnerColumn, TextColumn
+
+    bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), transient=True)
+    task = bar.add_task("uploading")
+
+    def update(stats: Any) -> None:
+        bar.update(task, description=f"uploaded {stats.delivered + stats.replayed:,} events")
+
+    return bar, update
+
+
+def _print_sync(stats: Any, spool_dir: str) -> None:
+    print(
+        f"synced {spool_dir}: {stats.delivered:,} events delivered, {stats.replayed:,} already"
+        f" delivered, {stats.dead_lettered:,} refused (in dead-letter.jsonl),"
+        f" {stats.torn:,} torn lines skipped; {stats.segments_done} segments finished",
+        flush=True,
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="instantml", description=__doc__)
     parser.add_argument("--version", action="version", version=f"instantml {__version__}")
@@ -95,9 +168,25 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--port", type=int, default=8765)
     demo.add_argument("--world-size", type=int, default=8)
     demo.add_argument("--steps", type=int, default=200)
-    demo.add_argument("--upload-mode", default="async", choices=["async", "sync"])
+    demo.add_argument("--upload-mode", default="spool", choices=["spool", "async", "sync"])
     demo.add_argument("--no-serve", action="store_true", help="stop the server when the job ends")
     demo.set_defaults(func=_cmd_demo)
+    sync = commands.add_parser("sync", help="upload a spool dir to the server")
+    sync.add_argument(
+        "--spool-dir", default=os.environ.get("INSTANTML_SPOOL_DIR", ".instantml/spool")
+    )
+    sync.add_argument(
+        "--follow", action="store_true", help="keep uploading new events until stopped"
+    )
+    sync.add_argument(
+        "--until-done",
+        action="store_true",
+        help="keep going until every writer has finished and all is delivered",
+    )
+    sync.add_argument("--quiet-if-running", action="store_true", help=argparse.SUPPRESS)
+    sync.add_argument("--batch-events", type=int, default=5_000, help="events per request")
+    sync.set_defaults(func=_cmd_sync)
+
     ranks = commands.add_parser("ranks", help="the Distributed summary of a run in the terminal")
     ranks.add_argument("run_id")
     ranks.add_argument("--key", default=None, help="rank-metric key (default: the first)")

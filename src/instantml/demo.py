@@ -1,6 +1,7 @@
 """``instantml demo``: a real multi-process job against a real server.
 
-Eight rank processes each fit a small linear model by SGD on their own data shard and log
+Eight rank processes (spool mode by default: they only append to local files, and the
+uploader that the first ``init`` starts delivers them) each fit a small linear model by SGD on their own data shard and log
 ``train/loss``, ``optimizer/grad_norm`` and ``perf/step_time_ms`` per rank, with their batch
 size as weight. Rank 5 has a noisier shard and a slower step; rank 3 dies after 60% of the
 steps; rank 7 uses a 4x larger batch, so weighted and plain means part.
@@ -19,7 +20,9 @@ from pathlib import Path
 SLOW_RANK, DEAD_RANK, BIG_BATCH_RANK = 5, 3, 7
 
 
-def worker(rank: int, world_size: int, steps: int, env: dict[str, str], upload_mode: str) -> None:
+def worker(
+    rank: int, world_size: int, steps: int, env: dict[str, str], upload_mode: str, spool_dir: str
+) -> None:
     os.environ.update(env)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank % 4))
     import instantml as im
@@ -29,6 +32,8 @@ def worker(rank: int, world_size: int, steps: int, env: dict[str, str], upload_m
         name="distributed-demo",
         upload_mode=upload_mode,
         config={"world_size": world_size, "lr": 0.05, "steps": steps},
+        spool_dir=spool_dir,
+        spool_uploader=True,
     )
     rng = random.Random(1000 + rank)
     noise = 1.5 if rank == SLOW_RANK else 0.3
@@ -62,6 +67,18 @@ def worker(rank: int, world_size: int, steps: int, env: dict[str, str], upload_m
     run.finish()
 
 
+def _wait_for_spool(spool_dir: Path, timeout: float) -> bool:
+    """Wait for the background uploader to deliver every segment of the spool."""
+    from .spool import segments
+
+    deadline = time.monotonic() + timeout
+    while segments.list_segments(spool_dir):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def main(
     data_dir: Path, port: int, world_size: int, steps: int, upload_mode: str, serve: bool
 ) -> int:
@@ -81,9 +98,12 @@ def main(
             f"Running {world_size} rank processes for {steps} steps (run {run_id}) ...", flush=True
         )
         started = time.perf_counter()
+        spool_dir = data_dir.parent / "spool"
         ctx = mp.get_context("spawn")
         procs = [
-            ctx.Process(target=worker, args=(r, world_size, steps, env, upload_mode))
+            ctx.Process(
+                target=worker, args=(r, world_size, steps, env, upload_mode, str(spool_dir))
+            )
             for r in range(world_size)
         ]
         for proc in procs:
@@ -91,6 +111,9 @@ def main(
         for proc in procs:
             proc.join()
         codes = {r: p.exitcode for r, p in enumerate(procs)}
+        if upload_mode == "spool" and not _wait_for_spool(spool_dir, timeout=120):
+            print(f"error: the spool in {spool_dir} was not drained; see {spool_dir}/uploader.log")
+            return 1
         print(
             f"Job done in {time.perf_counter() - started:.1f}s; exit codes {codes}"
             f" (rank {DEAD_RANK} dies on purpose)"

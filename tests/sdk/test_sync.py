@@ -61,8 +61,6 @@ def test_sync_uses_env_and_credentials(
         assert stored_rank_points(api, run.run_id, "x") == [[0, 1, 1.0, 1.0, 1, 2]]
 
 
-def test_spool_is_not_there_yet() -> None:
-    with pytest.raises(NotImplementedError):
-        im.init(project="p", upload_mode="spool")
+def test_unknown_upload_mode() -> None:
     with pytest.raises(ValueError, match="upload_mode"):
         im.init(project="p", upload_mode="bogus")

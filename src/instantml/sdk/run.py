@@ -166,6 +166,8 @@ def init(
     base_url: str | None = None,
     timeout: float = 10.0,
     finish_timeout: float = 30.0,
+    spool_fsync: str = "periodic",
+    spool_uploader: bool = False,
 ) -> Run:
     """Start (or join) a run.
 
@@ -174,14 +176,16 @@ def init(
     ``SLURM_JOB_ID``), else a fresh id. Creating a run whose id exists attaches to it.
 
     ``upload_mode``: ``"async"`` (default; a background thread batches uploads and never
-    blocks training), ``"sync"`` (one HTTP request per call, errors raised), or ``"spool"``.
+    blocks training), ``"sync"`` (one HTTP request per call, errors raised), or ``"spool"``
+    (no network at all: events are appended to files under ``spool_dir``, default
+    ``.instantml/spool``, for ``instantml sync`` to upload; ``spool_uploader=True`` starts
+    that uploader in the background, outliving this process until the spool is drained).
+    ``spool_fsync``: ``"periodic"`` (default, once a second), ``"event"`` or ``"none"``.
     """
     if upload_mode not in UPLOAD_MODES:
         raise ValueError(
             f"upload_mode must be one of {', '.join(UPLOAD_MODES)}, got {upload_mode!r}"
         )
-    if upload_mode == "spool":
-        raise NotImplementedError("upload_mode='spool' is not implemented yet")
     resolved_id = sdk_config.resolve_run_id(run_id)
     env = os.environ
     rank = sdk_config.env_int("RANK", env)
@@ -193,11 +197,21 @@ def init(
     for field, value in (("config", config), ("tags", tags), ("metadata", metadata)):
         if value is not None:
             body[field] = value
-    transport = Transport(
-        sdk_config.resolve_base_url(base_url), sdk_config.resolve_api_key(api_key), timeout
-    )
+    url, key = sdk_config.resolve_base_url(base_url), sdk_config.resolve_api_key(api_key)
     sink: Sink
-    sink = SyncSink(transport) if upload_mode == "sync" else AsyncSender(transport)
+    if upload_mode == "spool":
+        from ..spool.writer import SpoolWriter
+
+        directory = spool_dir or os.environ.get("INSTANTML_SPOOL_DIR") or ".instantml/spool"
+        sink = SpoolWriter(directory, resolved_id, fsync=spool_fsync)
+        if spool_uploader:
+            from ..spool.background import start_background_uploader
+
+            start_background_uploader(directory, url, key)
+    elif upload_mode == "sync":
+        sink = SyncSink(Transport(url, key, timeout))
+    else:
+        sink = AsyncSender(Transport(url, key, timeout))
     # Run creation is an ordinary event: in async mode init never waits on the server.
     try:
         sink.submit("POST", "/runs", body)

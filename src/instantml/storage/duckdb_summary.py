@@ -26,6 +26,13 @@ CREATE TABLE IF NOT EXISTS step_stats (
     p50 DOUBLE NOT NULL, p95 DOUBLE NOT NULL, mad DOUBLE NOT NULL, mean_ad DOUBLE NOT NULL,
     PRIMARY KEY (series_id, step));
 CREATE TABLE IF NOT EXISTS stale_steps (series_id INTEGER NOT NULL, step BIGINT NOT NULL);
+ALTER TABLE rank_points ADD COLUMN IF NOT EXISTS delta DOUBLE;
+ALTER TABLE rank_points ADD COLUMN IF NOT EXISTS z DOUBLE;
+ALTER TABLE rank_points ADD COLUMN IF NOT EXISTS robust_z DOUBLE;
+-- A store written before aggregates existed: every step of it is stale.
+INSERT INTO stale_steps SELECT DISTINCT series_id, step FROM rank_points
+WHERE NOT EXISTS (SELECT 1 FROM step_stats) AND NOT EXISTS (SELECT 1 FROM stale_steps)
+    AND NOT EXISTS (SELECT 1 FROM rank_points WHERE z IS NOT NULL);
 """
 
 # A step whose values are all equal has std, MAD and mean absolute deviation exactly 0 and

@@ -69,4 +69,6 @@ async def ingest(request: Request, key: Ingest) -> dict[str, Any]:
                 result["status"], result["body"] = 409, {"error": idempotency.IN_FLIGHT_ERROR}
             else:
                 result["status"], result["body"] = outcome.status, outcome.body
+                if outcome.replayed:
+                    result["replayed"] = True
     return {"results": results}

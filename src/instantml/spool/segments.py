@@ -1,0 +1,105 @@
+"""Segment files: naming, the writer's lock, reading complete lines, acknowledged offsets.
+
+A writer holds an exclusive ``flock`` on its segment for as long as it may append; the
+kernel drops it when the process ends, however it ends (SIGKILL included). So an uploader
+that can take the lock knows the segment is final: a last line without its newline is then
+torn (the writer died mid-write) and is never uploaded.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+SEGMENTS = "segments"
+SUFFIX = ".jsonl"
+ACK_SUFFIX = ".ack"
+
+
+def segment_dir(spool_dir: Path) -> Path:
+    return spool_dir / SEGMENTS
+
+
+def new_segment_path(spool_dir: Path) -> Path:
+    host = socket.gethostname().replace("-", "_")[:32] or "host"
+    name = f"{time.time_ns() // 1000:020d}-{host}-{os.getpid()}-{uuid.uuid4().hex[:8]}{SUFFIX}"
+    return segment_dir(spool_dir) / name
+
+
+def list_segments(spool_dir: Path) -> list[Path]:
+    """Segments in creation order."""
+    try:
+        return sorted(segment_dir(spool_dir).glob(f"*{SUFFIX}"))
+    except OSError:
+        return []
+
+
+def writer_active(path: Path) -> bool:
+    """True while a writer process still holds the segment open for appending."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing drops the probe's lock
+    return False
+
+
+def read_acked(path: Path) -> int:
+    try:
+        return int((path.parent / (path.name + ACK_SUFFIX)).read_text() or 0)
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
+def write_acked(path: Path, offset: int) -> None:
+    """Record that the server answered every event before ``offset`` (atomic replace)."""
+    ack = path.parent / (path.name + ACK_SUFFIX)
+    tmp = ack.with_suffix(".tmp")
+    tmp.write_text(str(offset))
+    os.replace(tmp, ack)
+
+
+def remove(path: Path) -> None:
+    for p in (path, path.parent / (path.name + ACK_SUFFIX)):
+        try:
+            p.unlink()
+        except FileNotFoundError:
+            pass
+
+
+@dataclass(slots=True)
+class Chunk:
+    """Complete lines read from a segment: ``lines[i]`` ends at byte ``ends[i]``."""
+
+    lines: list[bytes]
+    ends: list[int]
+    end: int  # offset just past the last complete line read
+    torn: bytes  # bytes after the last newline (a line still being written, or torn)
+
+
+def read_lines(path: Path, start: int, max_bytes: int = 32 * 1024 * 1024) -> Chunk:
+    with path.open("rb") as handle:
+        handle.seek(start)
+        data = handle.read(max_bytes)
+    cut = data.rfind(b"\n") + 1
+    lines, ends = [], []
+    pos = 0
+    body = data[:cut]
+    while pos < cut:
+        nl = body.index(b"\n", pos)
+        if nl > pos:
+            lines.append(body[pos:nl])
+            ends.append(start + nl + 1)
+        pos = nl + 1
+    torn = data[cut:] if len(data) < max_bytes else b""
+    return Chunk(lines, ends, start + cut, torn)
