@@ -14,6 +14,9 @@ from collections import deque
 from ..storage.base import Envelope, Outcome, Store
 from .errors import ApiError
 
+IDLE_SECONDS = 0.05  # no write for this long: do background work
+MAX_BACKLOG = 4096  # stale summary steps tolerated while writes keep coming
+
 _Pending = tuple[list[Envelope], "asyncio.Future[list[Outcome]]", asyncio.AbstractEventLoop]
 
 
@@ -44,11 +47,12 @@ class GroupCommitter:
             self._cond.notify()
         return await future
 
-    def _take(self, wait: bool) -> list[_Pending]:
-        """What queued since the last commit; with ``wait``, block until something does."""
+    def _take(self, wait: float | None) -> list[_Pending]:
+        """What queued since the last commit, waiting up to ``wait`` seconds (None: until
+        something does) when nothing has."""
         with self._cond:
-            while wait and not self._pending and not self._closed:
-                self._cond.wait()
+            if not self._pending and not self._closed:
+                self._cond.wait(wait)
             group: list[_Pending] = []
             size = 0
             while self._pending and (not group or size + len(self._pending[0][0]) <= self._max):
@@ -58,16 +62,15 @@ class GroupCommitter:
             return group
 
     def _run(self) -> None:
-        background_work = True
         while True:
-            group = self._take(wait=not background_work)
+            group = self._take(IDLE_SECONDS if self._store.backlog() else None)
             if not group:
                 if self._closed:
                     return
-                # Idle: bring summary aggregates up to date, one bounded unit at a time.
-                background_work = self._store.maintain()
+                # Idle for a moment: bring summary aggregates up to date, a bounded unit at a
+                # time, so a write arriving now waits for one unit at most.
+                self._store.maintain()
                 continue
-            background_work = True
             flat = [envelope for envelopes, _, _ in group for envelope in envelopes]
             try:
                 outcomes = self._store.apply(flat)
@@ -80,6 +83,10 @@ class GroupCommitter:
                 end = start + len(envelopes)
                 loop.call_soon_threadsafe(_resolve, future, outcomes[start:end])
                 start = end
+            # Under sustained load the writer is never idle: keep the backlog bounded, so
+            # that a summary read never has more than this to bring up to date.
+            if self._store.backlog() >= MAX_BACKLOG:
+                self._store.maintain()
 
     def close(self) -> None:
         """Finish what is queued, then stop."""

@@ -38,6 +38,7 @@ from .base import (
     WriteRankPoints,
     WriteScalars,
 )
+from .keyfilter import KeyFilter
 
 RANK, SCALAR = 1, 0
 _VALUES_MAX_ROWS = 64
@@ -75,7 +76,8 @@ CREATE TABLE IF NOT EXISTS attributes (
 CREATE TABLE IF NOT EXISTS idempotency (
     org_id INTEGER NOT NULL, key_hi BIGINT NOT NULL, key_lo BIGINT NOT NULL,
     fingerprint BIGINT NOT NULL, status SMALLINT NOT NULL, body VARCHAR NOT NULL,
-    created_at DOUBLE NOT NULL, PRIMARY KEY (org_id, key_hi, key_lo));
+    created_at DOUBLE NOT NULL);
+CREATE INDEX IF NOT EXISTS idempotency_key_hi ON idempotency (key_hi);
 """
 
 _RUN_COLUMNS = (
@@ -146,6 +148,8 @@ class DuckDBStore:
                 "SELECT run_seq, world_size, last_step FROM runs"
             ).fetchall()
         }
+        # Every Idempotency-Key ever stored, as a Bloom filter: new keys skip the lookup.
+        self._key_filter = self._load_key_filter()
         # Steps whose summary aggregates are behind their points (see duckdb_summary).
         self._stale: dict[int, set[int]] = {}
         for sid, step in self._con.execute(
@@ -331,6 +335,11 @@ class DuckDBStore:
         # Only a committed transaction may teach the caches new ids.
         self._runs.update(batch.new_runs)
         self._series.update(batch.new_series)
+        if batch.idempotency:
+            org, hi, lo = (np.array(c, dtype=np.int64) for c in zip(*batch.idempotency))
+            self._key_filter.add(org, hi, lo)
+            if self._key_filter.full:
+                self._key_filter = self._load_key_filter(2 * self._key_filter.capacity)
         for sid, steps in batch.stale.items():
             self._stale.setdefault(sid, set()).update(steps)
         for sid, steps in batch.refreshed.items():
@@ -382,16 +391,30 @@ class DuckDBStore:
         ]
         if not slots:
             return {}
-        org, hi, lo = (list(column) for column in zip(*slots))
-        with self._rows(
-            "probe", {"org_id": (org, np.int32), "key_hi": (hi, np.int64), "key_lo": (lo, np.int64)}
-        ) as (source, params):
+        org, hi, lo = (np.array(column, dtype=np.int64) for column in zip(*slots))
+        maybe = self._key_filter.might_contain(org, hi, lo)
+        wanted = {slots[i] for i in np.flatnonzero(maybe)}
+        if not wanted:
+            return {}  # every key is new: the usual case, and no lookup at all
+        found: dict[tuple[int, int, int], tuple[int, int, str]] = {}
+        his = sorted({slot[1] for slot in wanted})
+        for start in range(0, len(his), 1000):  # key_hi IN (...) is answered by its index
+            chunk = his[start : start + 1000]
             rows = self._con.execute(
-                "SELECT i.org_id, i.key_hi, i.key_lo, i.fingerprint, i.status, i.body"
-                f" FROM idempotency i JOIN {source} USING (org_id, key_hi, key_lo)",
-                params,
+                "SELECT org_id, key_hi, key_lo, fingerprint, status, body FROM idempotency"
+                f" WHERE key_hi IN ({', '.join('?' * len(chunk))})",
+                chunk,
             ).fetchall()
-        return {(o, h, lw): (f, st, b) for o, h, lw, f, st, b in rows}
+            for o, h, lw, f, st, b in rows:
+                if (o, h, lw) in wanted:
+                    found[(o, h, lw)] = (f, st, b)
+        return found
+
+    def _load_key_filter(self, minimum: int = 1 << 20) -> KeyFilter:
+        keys = self._con.execute("SELECT org_id, key_hi, key_lo FROM idempotency").fetchnumpy()
+        key_filter = KeyFilter(max(minimum, 2 * len(keys["key_hi"])))
+        key_filter.add(keys["org_id"].astype(np.int64), keys["key_hi"], keys["key_lo"])
+        return key_filter
 
     @contextmanager
     def _rows(
@@ -665,6 +688,9 @@ class DuckDBStore:
         if sid is None:
             raise LookupError(key)
         return duckdb_summary.summary(self._cursor(), sid, params)
+
+    def backlog(self) -> int:
+        return sum(len(steps) for steps in self._stale.values())
 
     def maintain(self) -> bool:
         """Refresh up to a few thousand stale steps of one series in one transaction."""

@@ -13,6 +13,7 @@ from ..apply import apply_writes
 from ..auth import require
 from ..body import read_json_object
 from ..errors import ApiError
+from ..responses import JSONResponse
 
 router = APIRouter()
 Ingest = Annotated[ApiKeyRecord, Depends(require("ingest"))]
@@ -38,7 +39,7 @@ def _event(org_id: int, event: Any, index: int) -> tuple[Any, Envelope]:
 
 
 @router.post("/api/ingest", openapi_extra=schemas.INGEST)
-async def ingest(request: Request, key: Ingest) -> dict[str, Any]:
+async def ingest(request: Request, key: Ingest) -> JSONResponse:
     body = await read_json_object(request)
     events = body.get("events")
     if not isinstance(events, list):
@@ -71,4 +72,4 @@ async def ingest(request: Request, key: Ingest) -> dict[str, Any]:
                 result["status"], result["body"] = outcome.status, outcome.body
                 if outcome.replayed:
                     result["replayed"] = True
-    return {"results": results}
+    return JSONResponse({"results": results})
