@@ -2,6 +2,15 @@
 # Set up, then lint, type-check and run the whole test suite.
 set -euo pipefail
 EXTRAS=test source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
+# Debian's Chromium for the dashboard's browser tests (Playwright drives it; it downloads
+# no browser of its own).
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "note: no chromium on PATH; the browser tests will be skipped" >&2
+  fi
+fi
 # The public instantml 0.1.1 SDK, in a venv of its own, for the wire-compatibility tests.
 if [ ! -x .venv-public/bin/python ]; then
   "$PYTHON" -m venv .venv-public

@@ -13,15 +13,20 @@ from tests.summary.compare import assert_matches
 from tests.summary.reference import Point, reference
 
 
-def ingest(api: httpx.Client, writes: list[Point], key: str = "loss") -> str:
+def ingest(
+    api: httpx.Client, writes: list[Point], key: str = "loss", name: str | None = None
+) -> str:
     run_id = f"sum-{uuid.uuid4().hex[:12]}"
+    create: dict[str, Any] = {"project": "summary", "id": run_id}
+    if name is not None:
+        create["name"] = name
     events: list[dict[str, Any]] = [
         {
             "event_id": f"{run_id}-c",
             "request": {
                 "method": "POST",
                 "path": "/runs",
-                "body": {"project": "summary", "id": run_id},
+                "body": create,
             },
         }
     ]

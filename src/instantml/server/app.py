@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from .. import dashboard
 from .._version import __version__
 from ..settings import ServerSettings
 from ..storage import Store, open_store
@@ -48,6 +49,7 @@ def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
     app.include_router(metrics.router)
     app.include_router(ingest.router)
     app.include_router(summary.router)
+    dashboard.install(app)
 
     @app.get("/healthz", include_in_schema=True)
     async def healthz() -> dict[str, str]:

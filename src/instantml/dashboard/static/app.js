@@ -1,0 +1,349 @@
+// InstantML dashboard: runs list, run page, and the Distributed tab.
+// Untrusted text (metric keys, run names, config) only ever reaches the page through
+// textContent, or, for chart labels, through esc() (plotly reads a few HTML tags).
+"use strict";
+
+const KEY_STORE = "instantml-api-key";
+const REFRESH_MS = 5000;
+const main = document.getElementById("main");
+let refreshTimer = null;
+const plotlyReady = new Promise((resolve, reject) => {
+  if (window.Plotly) return resolve();
+  const script = document.getElementById("plotly-js");
+  script.addEventListener("load", () => resolve());
+  script.addEventListener("error", () => reject(new Error("could not load plotly.js")));
+});
+let renderToken = 0;
+
+// ---------- helpers ----------
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(attrs)) {
+    if (name === "text") node.textContent = value;
+    else if (name === "class") node.className = value;
+    else if (name.startsWith("on")) node.addEventListener(name.slice(2), value);
+    else node.setAttribute(name, value);
+  }
+  for (const child of children) node.append(child);
+  return node;
+}
+
+function esc(text) {
+  return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+}
+
+function fmt(value, digits = 4) {
+  if (value === null || value === undefined) return "–";
+  if (typeof value !== "number") return String(value);
+  if (Number.isInteger(value)) return String(value);
+  if (Math.abs(value) >= 1e5 || (Math.abs(value) < 1e-3 && value !== 0)) return value.toExponential(digits - 1);
+  const text = value.toPrecision(digits);
+  return text.includes(".") ? text.replace(/\.?0+$/, "") : text;  // 4080, not 408
+}
+
+function apiKey() { return localStorage.getItem(KEY_STORE); }
+
+class AuthError extends Error {}
+
+async function api(path) {
+  const response = await fetch(path, { headers: { Authorization: `Bearer ${apiKey()}` } });
+  if (response.status === 401) throw new AuthError("invalid API key");
+  const body = await response.json();
+  if (!response.ok) throw new Error(body.error || `HTTP ${response.status}`);
+  return body;
+}
+
+function parseHash() {
+  const [path, query = ""] = location.hash.replace(/^#/, "").split("?");
+  return { parts: path.split("/").filter(Boolean).map(decodeURIComponent), params: new URLSearchParams(query) };
+}
+
+function setHash(parts, params) {
+  const query = params && [...params].length ? `?${params}` : "";
+  const hash = `#/${parts.map(encodeURIComponent).join("/")}${query}`;
+  if (location.hash !== hash) history.replaceState(null, "", hash);
+}
+
+function crumbs(...items) {
+  const box = document.getElementById("crumbs");
+  box.replaceChildren();
+  items.forEach((item, i) => {
+    if (i) box.append(" / ");
+    box.append(item.href ? el("a", { href: item.href, text: item.text }) : el("span", { text: item.text }));
+  });
+}
+
+function isLive(run) {
+  return run.status === "running" && Date.now() / 1000 - run.updated_at < 120;
+}
+
+function statusBadge(run) {
+  const wrap = el("span", {}, el("span", { class: `status ${run.status}`, text: run.status }));
+  if (isLive(run)) wrap.append(" ", el("span", { class: "live", text: "● live" }));
+  return wrap;
+}
+
+function table(columns, rows, { sortable = false, id } = {}) {
+  const head = el("tr");
+  const body = el("tbody");
+  const t = el("table", id ? { id } : {}, el("thead", {}, head), body);
+  let order = { index: -1, dir: 1 };
+  const draw = () => {
+    const sorted = [...rows];
+    if (order.index >= 0) {
+      const get = columns[order.index].value;
+      sorted.sort((a, b) => {
+        const x = get(a), y = get(b);
+        return (x === y ? 0 : x === null ? 1 : y === null ? -1 : x < y ? -1 : 1) * order.dir;
+      });
+    }
+    body.replaceChildren(...sorted.map((row) => el("tr", {}, ...columns.map((c) => {
+      const content = c.render ? c.render(row) : fmt(c.value(row));
+      return el("td", { class: c.num ? "num" : "" }, content instanceof Node ? content : String(content));
+    }))));
+  };
+  columns.forEach((c, index) => {
+    const th = el("th", { class: `${c.num ? "num" : ""} ${sortable ? "sortable" : ""}`, text: c.title });
+    if (sortable) th.addEventListener("click", () => {
+      order = { index, dir: order.index === index ? -order.dir : 1 };
+      head.querySelectorAll("th").forEach((h) => h.classList.remove("sorted-asc", "sorted-desc"));
+      th.classList.add(order.dir > 0 ? "sorted-asc" : "sorted-desc");
+      draw();
+    });
+    head.append(th);
+  });
+  draw();
+  return t;
+}
+
+// ---------- login ----------
+
+function showLogin(message = "") {
+  crumbs();
+  document.getElementById("logout").hidden = true;
+  main.replaceChildren(document.getElementById("login-template").content.cloneNode(true));
+  document.getElementById("login-error").textContent = message;
+  document.getElementById("login").addEventListener("submit", (event) => {
+    event.preventDefault();
+    localStorage.setItem(KEY_STORE, document.getElementById("key").value.trim());
+    route();
+  });
+}
+
+// ---------- runs list ----------
+
+async function showRuns(params) {
+  crumbs({ text: "Runs" });
+  const project = params.get("project") || "";
+  const [all, shown] = await Promise.all([
+    api("/api/runs?limit=1000"),
+    api(`/api/runs?limit=1000${project ? `&project=${encodeURIComponent(project)}` : ""}`),
+  ]);
+  const projects = [...new Set(all.runs.map((r) => r.project))].sort();
+  const select = el("select", { id: "project-filter" }, el("option", { value: "", text: "all projects" }),
+    ...projects.map((p) => el("option", { value: p, text: p })));
+  select.value = project;
+  select.addEventListener("change", () => {
+    location.hash = select.value ? `#/runs?project=${encodeURIComponent(select.value)}` : "#/runs";
+  });
+  const runs = table([
+    { title: "name", value: (r) => r.name || r.id,
+      render: (r) => el("a", { href: `#/runs/${encodeURIComponent(r.id)}`, class: "run-link", text: r.name || r.id }) },
+    { title: "project", value: (r) => r.project },
+    { title: "status", value: (r) => r.status, render: statusBadge },
+    { title: "world size", value: (r) => r.world_size, num: true },
+    { title: "last step", value: (r) => r.last_step, num: true },
+    { title: "created", value: (r) => r.created_at, render: (r) => new Date(r.created_at * 1000).toLocaleString() },
+    { title: "id", value: (r) => r.id, render: (r) => el("code", { text: r.id }) },
+  ], shown.runs, { sortable: true, id: "runs" });
+  main.replaceChildren(el("div", { class: "card" },
+    el("div", { class: "toolbar" }, el("h3", { text: `Runs (${shown.runs.length})` }), select), runs));
+  main.dataset.ready = "runs";
+}
+
+// ---------- run page ----------
+
+async function showRun(runId, tab, params) {
+  const [{ run }, { keys }] = await Promise.all([
+    api(`/runs/${encodeURIComponent(runId)}`), api(`/api/runs/${encodeURIComponent(runId)}/keys`),
+  ]);
+  crumbs({ text: "Runs", href: "#/runs" }, { text: run.project }, { text: run.name || run.id });
+  const rankKeys = keys.filter((k) => k.kind === "rank").map((k) => k.key);
+  const scalarKeys = keys.filter((k) => k.kind === "scalar").map((k) => k.key);
+  const base = `#/runs/${encodeURIComponent(runId)}`;
+  const tabs = el("nav", { class: "tabs" },
+    el("a", { href: base, class: tab === "overview" ? "active" : "", text: "Overview" }),
+    el("a", { href: `${base}/distributed`, id: "tab-distributed", class: tab === "distributed" ? "active" : "", text: "Distributed" }));
+  const head = el("div", { class: "card" },
+    el("h2", { text: run.name || run.id }),
+    el("div", {}, statusBadge(run), ` · project `, el("b", { text: run.project }), ` · id `, el("code", { text: run.id }),
+      ` · world size ${fmt(run.world_size)} · last step ${fmt(run.last_step)}`));
+  const body = el("div");
+  main.replaceChildren(head, tabs, body);
+  if (tab === "distributed") await showDistributed(run, rankKeys, params, body);
+  else await showOverview(run, scalarKeys, body);
+  if (run.status === "running") {
+    refreshTimer = setTimeout(() => route({ refresh: true }), REFRESH_MS);
+  }
+}
+
+async function showOverview(run, scalarKeys, body) {
+  body.append(el("div", { class: "card" }, el("h3", { text: "Config" }), el("pre", { id: "config", text: JSON.stringify(run.config, null, 2) })));
+  const charts = el("div", { class: "grid2" });
+  body.append(charts);
+  const series = await Promise.all(scalarKeys.map((k) =>
+    api(`/api/runs/${encodeURIComponent(run.id)}/metrics?metric=${encodeURIComponent(k)}`)));
+  await plotlyReady;
+  series.forEach((s) => {
+    const div = el("div", { class: "chart" });
+    charts.append(el("div", { class: "card" }, el("h3", { text: s.key }), div));
+    Plotly.newPlot(div, [{ x: s.points.map((p) => p[0]), y: s.points.map((p) => p[1]), mode: "lines", name: "value" }],
+      { margin: { t: 10, r: 10, b: 30, l: 50 }, xaxis: { title: { text: "step" } } }, { displaylogo: false, responsive: true });
+  });
+  if (!scalarKeys.length) charts.append(el("p", { class: "muted", text: "No run-level scalars; see the Distributed tab." }));
+  main.dataset.ready = "overview";
+}
+
+// ---------- the Distributed tab ----------
+
+async function showDistributed(run, rankKeys, params, body) {
+  if (!rankKeys.length) {
+    body.append(el("p", { class: "muted", text: "This run has no per-rank metrics yet." }));
+    main.dataset.ready = "distributed";
+    return;
+  }
+  const key = rankKeys.includes(params.get("key")) ? params.get("key") : rankKeys[0];
+  const lo = params.get("step_min"), hi = params.get("step_max");
+  const query = new URLSearchParams({ key, max_points: "500", heatmap_steps: "200" });
+  if (lo !== null) query.set("step_min", lo);
+  if (hi !== null) query.set("step_max", hi);
+  const s = await api(`/api/runs/${encodeURIComponent(run.id)}/distributed?${query}`);
+  const hashParams = new URLSearchParams({ key });
+  if (lo !== null) hashParams.set("step_min", lo);
+  if (hi !== null) hashParams.set("step_max", hi);
+  setHash(["runs", run.id, "distributed"], hashParams);
+
+  const select = el("select", { id: "key-select" }, ...rankKeys.map((k) => el("option", { value: k, text: k })));
+  select.value = key;
+  const go = (p) => { location.hash = `#/runs/${encodeURIComponent(run.id)}/distributed?${p}`; };
+  select.addEventListener("change", () => go(new URLSearchParams({ key: select.value })));
+  const reset = el("button", { id: "reset-zoom", text: "Show all steps" });
+  reset.hidden = lo === null && hi === null;
+  reset.addEventListener("click", () => go(new URLSearchParams({ key })));
+  const range = s.step_range ? `steps ${s.step_range[0]}–${s.step_range[1]}` : "no steps in range";
+  body.append(el("div", { class: "toolbar" }, el("label", { text: "metric " }, select), reset,
+    el("span", { class: "muted", id: "range", text: `${range} · world size ${s.world_size}` +
+      (s.bucket_size > 1 ? ` · ${s.bucket_size} steps per point (drag on a chart to zoom)` : " · drag on a chart to zoom") })));
+
+  const band = el("div", { class: "chart tall", id: "band" });
+  const coverage = el("div", { class: "chart", id: "coverage" });
+  const heat = el("div", { class: "chart tall", id: "heatmap" });
+  const missing = el("ul", { class: "missing", id: "missing" });
+  const cov = s.coverage;
+  body.append(
+    el("div", { class: "card" }, el("h3", { text: "Across ranks: min · p05 · p50 · p95 · max, mean and weighted mean" }), band),
+    el("div", { class: "grid2" },
+      el("div", { class: "card" }, el("h3", { text: `Coverage: ${cov.full_steps} full, ${cov.partial_steps} partial steps` }), coverage, missing),
+      el("div", { class: "card" }, el("h3", { text: "Ranks × steps" }), heat)));
+  if (cov.missing.length) {
+    for (const m of cov.missing) {
+      missing.append(el("li", {}, el("span", { class: "rank", text: `rank ${m.rank}` }),
+        m.last_seen_step === null ? ` never reported (missing from step ${m.first_missing_step})`
+          : ` last seen at step ${m.last_seen_step}, missing from step ${m.first_missing_step}`));
+    }
+  } else {
+    missing.append(el("li", { class: "muted", text: "Every rank reported the last step." }));
+  }
+
+  const outliers = table([
+    { title: "step", value: (o) => o.step, num: true }, { title: "rank", value: (o) => o.rank, num: true },
+    { title: "local rank", value: (o) => o.local_rank, num: true }, { title: "value", value: (o) => o.value, num: true },
+    { title: "step mean", value: (o) => o.mean, num: true }, { title: "delta", value: (o) => o.delta, num: true },
+    { title: "z", value: (o) => o.z, num: true }, { title: "robust z", value: (o) => o.robust_z, num: true },
+  ], s.outliers, { sortable: true, id: "outliers" });
+  const ranks = table([
+    { title: "rank", value: (r) => r.rank, num: true }, { title: "local rank", value: (r) => r.local_rank, num: true },
+    { title: "steps", value: (r) => r.steps_reported, num: true }, { title: "last step", value: (r) => r.last_step, num: true },
+    { title: "mean delta", value: (r) => r.mean_delta, num: true }, { title: "mean |z|", value: (r) => r.mean_abs_z, num: true },
+    { title: "outlier steps", value: (r) => r.outlier_steps, num: true },
+  ], s.ranks, { sortable: true, id: "ranks" });
+  body.append(el("div", { class: "grid2" },
+    el("div", { class: "card" }, el("h3", { text: `Outliers (${s.outliers.length}; |z| ≥ 3 or |robust z| ≥ 3.5)` }), el("div", { class: "scroll" }, outliers)),
+    el("div", { class: "card" }, el("h3", { text: "Per rank (noisiest first)" }), el("div", { class: "scroll" }, ranks))));
+
+  const x = s.steps.map((p) => p.step);
+  const col = (name) => s.steps.map((p) => p[name]);
+  const layout = (extra) => ({ margin: { t: 10, r: 10, b: 35, l: 55 }, xaxis: { title: { text: "step" } },
+    legend: { orientation: "h" }, ...extra });
+  const config = { displaylogo: false, responsive: true };
+  const bandTraces = [
+    { x, y: col("max"), mode: "lines", line: { width: 0 }, name: "max", hoverinfo: "skip", showlegend: false },
+    { x, y: col("min"), mode: "lines", line: { width: 0 }, fill: "tonexty", fillcolor: "rgba(37,99,235,0.12)", name: "min–max" },
+    { x, y: col("p95"), mode: "lines", line: { width: 0 }, name: "p95", showlegend: false },
+    { x, y: col("p05"), mode: "lines", line: { width: 0 }, fill: "tonexty", fillcolor: "rgba(37,99,235,0.3)", name: "p05–p95" },
+    { x, y: col("p50"), mode: "lines", line: { color: "#1e3a8a", width: 1 }, name: "p50" },
+    { x, y: col("mean"), mode: "lines", line: { color: "#f97316", width: 2 }, name: "mean" },
+    { x, y: col("weighted_mean"), mode: "lines", line: { color: "#16a34a", width: 2, dash: "dash" }, name: "weighted mean" },
+  ];
+  const covTrace = { x, y: s.steps.map((p) => p.count / p.expected), type: "scatter", mode: "lines", fill: "tozeroy",
+    name: "reported / expected", customdata: s.steps.map((p) => `${p.count} of ${p.expected}`),
+    hovertemplate: "step %{x}: %{customdata}<extra></extra>" };
+  const buckets = s.heatmap.buckets;
+  const heatTrace = { type: "heatmap", z: s.heatmap.values, x: buckets.map((b) => b[0]), y: s.heatmap.ranks.map(String),
+    customdata: s.heatmap.ranks.map(() => buckets.map((b) => (b[0] === b[1] ? `${b[0]}` : `${b[0]}–${b[1]}`))),
+    hovertemplate: "rank %{y}<br>steps %{customdata}<br>value %{z}<extra></extra>", colorscale: "Viridis",
+    hoverongaps: false };
+  await plotlyReady;
+  await Promise.all([
+    Plotly.newPlot(band, bandTraces, layout({ yaxis: { title: { text: esc(key) } } }), config),
+    Plotly.newPlot(coverage, [covTrace], layout({ yaxis: { range: [0, 1.05], tickformat: ".0%" }, showlegend: false }), config),
+    Plotly.newPlot(heat, [heatTrace], layout({ yaxis: { title: { text: "rank" }, type: "category" } }), config),
+  ]);
+  for (const chart of [band, coverage, heat]) {
+    chart.on("plotly_relayout", (event) => {
+      const a = event["xaxis.range[0]"], b = event["xaxis.range[1]"];
+      if (a === undefined || b === undefined) return;
+      const zoom = new URLSearchParams({ key, step_min: String(Math.max(0, Math.floor(a))), step_max: String(Math.ceil(b)) });
+      go(zoom);
+    });
+  }
+  main.dataset.key = key;
+  main.dataset.ready = "distributed";
+}
+
+// ---------- routing ----------
+
+async function route({ refresh = false } = {}) {
+  clearTimeout(refreshTimer);
+  const token = ++renderToken;
+  const url = new URL(location.href);
+  if (url.searchParams.has("token")) {  // a sign-in link, as Jupyter prints: keep the key, drop it from the URL
+    localStorage.setItem(KEY_STORE, url.searchParams.get("token"));
+    url.searchParams.delete("token");
+    history.replaceState(null, "", url.pathname + (url.search === "?" ? "" : url.search) + url.hash);
+  }
+  if (!apiKey()) return showLogin();
+  document.getElementById("logout").hidden = false;
+  if (!refresh) {
+    main.dataset.ready = "";
+    delete main.dataset.key;
+  }
+  const { parts, params } = parseHash();
+  try {
+    if (parts[0] === "runs" && parts[1]) await showRun(parts[1], parts[2] === "distributed" ? "distributed" : "overview", params);
+    else await showRuns(params);
+  } catch (error) {
+    if (token !== renderToken) return;
+    if (error instanceof AuthError) {
+      localStorage.removeItem(KEY_STORE);
+      return showLogin("That API key was not accepted.");
+    }
+    main.replaceChildren(el("div", { class: "card error", id: "error", text: `Error: ${error.message}` }));
+    main.dataset.ready = "error";
+  }
+}
+
+document.getElementById("logout").addEventListener("click", () => { localStorage.removeItem(KEY_STORE); route(); });
+window.addEventListener("hashchange", () => route());
+route();  // a deferred script: the document is parsed; plotly.js may still be loading

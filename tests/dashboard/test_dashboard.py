@@ -1,0 +1,148 @@
+"""The dashboard in a real browser: from the sign-in link to the Distributed tab by clicking."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import httpx
+import pytest
+
+from instantml.server.process import ServerProcess
+from tests.dashboard.conftest import shot
+from tests.summary.reference import Point
+from tests.summary.test_reference import ingest
+
+XSS_KEY = "<img src=x onerror=window.__xss=1>"
+
+
+@pytest.fixture
+def known_run(api: httpx.Client) -> dict[str, Any]:
+    """8 ranks x 40 steps: rank 5 stops after step 25, rank 2 spikes, rank 7 weighs 1000x."""
+    writes = [
+        Point(
+            s,
+            r,
+            (50.0 if (r == 2 and s % 10 == 3) else 1.0 + 0.01 * r),
+            1000.0 if r == 7 else 1.0,
+            r % 4,
+            8,
+        )
+        for s in range(40)
+        for r in range(8)
+        if not (r == 5 and s > 25)
+    ]
+    name = f"<script>window.__xss=2</script> dash-{uuid.uuid4().hex[:6]}"
+    run_id = ingest(api, writes, name=name)
+    events = [
+        {
+            "event_id": f"{run_id}-x{i}",
+            "request": {
+                "method": "POST",
+                "path": f"/runs/{run_id}/rank-metrics",
+                "body": {"metrics": {XSS_KEY: 1.0}, "step": i, "rank": 0, "world_size": 8},
+            },
+        }
+        for i in range(3)
+    ]
+    api.post("/api/ingest", json={"events": events}).raise_for_status()
+    api.post(
+        f"/api/runs/{run_id}/attributes",
+        json={
+            "attributes": [{"path": "config/<b>html</b>", "type": "config", "value": "<i>text</i>"}]
+        },
+    ).raise_for_status()
+    api.patch(f"/runs/{run_id}", json={"status": "finished"}).raise_for_status()
+    return {"id": run_id, "name": name}
+
+
+def test_sign_in_link_to_distributed_tab(
+    page: Any, server: ServerProcess, known_run: dict[str, Any]
+) -> None:
+    page.goto(f"{server.url}/?token={server.admin_key}")
+    page.wait_for_selector("main[data-ready=runs]")
+    assert "token" not in page.url  # the key is kept, and dropped from the address bar
+    assert page.inner_text(f"a.run-link[href='#/runs/{known_run['id']}']") == known_run["name"]
+    assert page.evaluate("localStorage.getItem('instantml-api-key')") == server.admin_key
+    shot(page, "runs")
+    page.click(f"a.run-link[href='#/runs/{known_run['id']}']")
+    page.wait_for_selector("main[data-ready=overview]")
+    assert "<i>text</i>" in page.inner_text("#config")  # config shown as text
+    page.click("#tab-distributed")
+    page.wait_for_selector("main[data-ready=distributed]")
+    page.select_option("#key-select", "loss")  # the first key in sorted order is the hostile one
+    page.wait_for_selector("main[data-ready=distributed][data-key=loss]")
+    shot(page, "distributed")
+
+    # Coverage: the missing rank, named with the step it vanished.
+    assert page.inner_text("#missing") == "rank 5 last seen at step 25, missing from step 26"
+    # The outlier rank first in the outlier table.
+    first = page.query_selector_all("#outliers tbody tr")[0].query_selector_all("td")
+    assert first[1].inner_text() == "2"
+    # The weighted mean line apart from the mean (rank 7 weighs 1000x).
+    traces = page.evaluate("document.getElementById('band').data.map(t => [t.name, t.y])")
+    lines = {name: y for name, y in traces}
+    assert lines["mean"][0] == pytest.approx(sum(1.0 + 0.01 * r for r in range(8)) / 8)
+    assert lines["weighted mean"][0] == pytest.approx(
+        (sum(1.0 + 0.01 * r for r in range(7)) + 1000 * 1.07) / 1007
+    )
+    # The per-rank table and the heatmap.
+    assert len(page.query_selector_all("#ranks tbody tr")) == 8
+    assert page.evaluate("document.getElementById('heatmap').data[0].z.length") == 8
+    # Sortable outliers: click "step" twice for descending.
+    header = page.query_selector_all("#outliers th")[0]
+    header.click()
+    header.click()
+    steps = [
+        int(r.query_selector("td").inner_text())
+        for r in page.query_selector_all("#outliers tbody tr")
+    ]
+    assert steps == sorted(steps, reverse=True)
+    assert page.errors == []
+
+
+def test_untrusted_key_and_name_render_as_text(
+    page: Any, server: ServerProcess, known_run: dict[str, Any]
+) -> None:
+    page.goto(f"{server.url}/?token={server.admin_key}#/runs/{known_run['id']}/distributed")
+    page.wait_for_selector("main[data-ready=distributed]")
+    page.select_option("#key-select", "loss")
+    page.wait_for_selector("main[data-ready=distributed][data-key=loss]")
+    page.select_option("#key-select", XSS_KEY)
+    page.wait_for_function(f"document.querySelector('main').dataset.key === {XSS_KEY!r}")
+    shot(page, "untrusted-key")
+    options = page.eval_on_selector_all("#key-select option", "os => os.map(o => o.textContent)")
+    assert XSS_KEY in options
+    assert page.evaluate("window.__xss") is None
+    assert page.inner_text("main h2") == known_run["name"]
+    assert page.evaluate("document.querySelectorAll('main img, main script').length") == 0
+    assert page.errors == []
+
+
+def test_zoom_in_the_url_refetches_at_full_resolution(
+    page: Any, server: ServerProcess, known_run: dict[str, Any]
+) -> None:
+    page.goto(
+        f"{server.url}/?token={server.admin_key}#/runs/{known_run['id']}/distributed?key=loss&step_min=10&step_max=20"
+    )
+    page.wait_for_selector("main[data-ready=distributed]")
+    assert page.inner_text("#range").startswith("steps 10\u201320")
+    assert page.evaluate("document.getElementById('band').data[0].x.length") == 11
+    page.click("#reset-zoom")
+    page.wait_for_function(
+        "document.querySelector('#range')?.textContent.startsWith('steps 0\u201339')"
+    )
+    assert "step_min" not in page.url
+    assert page.errors == []
+
+
+def test_login_form(page: Any, server: ServerProcess) -> None:
+    page.goto(server.url)
+    page.fill("#key", "iml_000000000000_wrong")
+    page.click("#login button")
+    page.wait_for_selector("#login-error:has-text('not accepted')")
+    page.fill("#key", server.admin_key)
+    page.click("#login button")
+    page.wait_for_selector("main[data-ready=runs]")
+    assert page.query_selector("#project-filter") is not None
+    assert all("401" in e for e in page.errors)  # the refused key's request, nothing else
