@@ -187,6 +187,10 @@ def build_parser() -> argparse.ArgumentParser:
     sync.add_argument("--batch-events", type=int, default=5_000, help="events per request")
     sync.set_defaults(func=_cmd_sync)
 
+    from .cli_admin import add_commands
+
+    add_commands(commands)
+
     ranks = commands.add_parser("ranks", help="the Distributed summary of a run in the terminal")
     ranks.add_argument("run_id")
     ranks.add_argument("--key", default=None, help="rank-metric key (default: the first)")

@@ -162,9 +162,14 @@ class AsyncSender:
             self.refused += len(batch)
             self._notice = f"server refused a batch: {status}: {_error(response)}"
             return []
-        retry = []
+        retry: list[_Event] = []
         for event, result in zip(batch, response.json()["results"]):
             code = result["status"]
+            if code == 429 and (result.get("body") or {}).get("scope") == "monthly":
+                self._stopped = True
+                self.dropped += len(batch) - len(retry)
+                self._notice = f"uploads stopped: {result['body'].get('error')}"
+                return []
             if code in (409, 429, 503) or code >= 500:
                 retry.append(event)
             elif code >= 300:

@@ -10,12 +10,12 @@ from fastapi import FastAPI
 from .. import dashboard
 from .._version import __version__
 from ..settings import ServerSettings
-from ..storage import Store, open_store
+from ..storage import Store, UsagePolicy, open_store
 from . import errors
 from .auth import KeyRing
 from .idempotency import InFlight
 from .responses import JSONResponse
-from .routes import ingest, metrics, runs, summary
+from .routes import admin, ingest, metrics, runs, summary
 from .writer import GroupCommitter
 
 
@@ -24,7 +24,11 @@ def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        opened = store if store is not None else open_store(settings.store_url)
+        opened = (
+            store
+            if store is not None
+            else open_store(settings.store_url, UsagePolicy(settings.monthly_metric_points))
+        )
         app.state.store = opened
         app.state.keys = KeyRing(opened)
         app.state.writer = GroupCommitter(opened)
@@ -49,6 +53,7 @@ def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
     app.include_router(metrics.router)
     app.include_router(ingest.router)
     app.include_router(summary.router)
+    app.include_router(admin.router)
     dashboard.install(app)
 
     @app.get("/healthz", include_in_schema=True)

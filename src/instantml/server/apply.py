@@ -50,5 +50,7 @@ async def apply_one(request: Request, org_id: int, write: Write, body: Any) -> J
     (outcome,) = await apply_writes(request, org_id, [envelope])
     if outcome is None:
         raise ApiError(409, idempotency.IN_FLIGHT_ERROR)
-    headers = {"Idempotent-Replayed": "true"} if outcome.replayed else None
+    headers = dict(outcome.headers or {})
+    if outcome.replayed:
+        headers["Idempotent-Replayed"] = "true"
     return JSONResponse(outcome.body, status_code=outcome.status, headers=headers)

@@ -8,14 +8,14 @@ import sys
 import uvicorn
 
 from ..settings import ServerSettings
-from ..storage import open_store
+from ..storage import UsagePolicy, open_store
 from .app import create_app
 from .bootstrap import base_url, bootstrap, credentials_path
 
 
 def serve(settings: ServerSettings) -> None:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    store = open_store(settings.store_url)
+    store = open_store(settings.store_url, UsagePolicy(settings.monthly_metric_points))
     try:
         new_key = bootstrap(settings, store)
         url = base_url(settings)

@@ -104,3 +104,26 @@ INGEST = body(
         },
     }
 )
+CREATE_KEY = body(
+    {
+        "type": "object",
+        "properties": {
+            "org": {"type": "string", "minLength": 1, "maxLength": 256},
+            "scopes": {
+                "type": "array",
+                "minItems": 1,
+                "items": {"enum": ["admin", "ingest", "read"]},
+            },
+        },
+    }
+)
+SET_LIMIT = body(
+    {
+        "type": "object",
+        "required": ["limit"],
+        "properties": {
+            "org": {"type": "string"},
+            "limit": {"type": ["integer", "null"], "minimum": 0},
+        },
+    }
+)

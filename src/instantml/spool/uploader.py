@@ -190,6 +190,9 @@ class Uploader:
             final = 0
             for line, result in zip(batch, response.json()["results"], strict=True):
                 code = result["status"]
+                body = result.get("body") or {}
+                if code == 429 and body.get("scope") == "monthly":
+                    raise UploadStopped(f"server refused the upload (429): {body.get('error')}")
                 if code in _RETRY or code >= 500:
                     break  # this and every later event go again, in order
                 if code < 300:

@@ -97,6 +97,7 @@ class Outcome:
     status: int
     body: dict[str, Any]
     replayed: bool = False
+    headers: dict[str, str] | None = None
 
 
 @dataclass(slots=True)
@@ -198,6 +199,26 @@ class Store(Protocol):
 
     def backlog(self) -> int:
         """How much background work is waiting (summary steps not yet up to date)."""
+        ...
+
+    # ---- tenancy (orgs, keys, the monthly guardrail) ----
+
+    def org_id(self, name: str) -> int | None: ...
+
+    def org_name(self, org_id: int) -> str | None: ...
+
+    def list_api_keys(self, org_id: int | None) -> list[dict[str, Any]]: ...
+
+    def revoke_api_key(self, key_id: str, org_id: int | None) -> bool:
+        """Revoke a key (of ``org_id``, unless None); False when there is no such live key."""
+        ...
+
+    def usage(self, org_id: int) -> dict[str, Any]:
+        """This month's metric points: ``{"month", "used", "limit", "reset_at"}``."""
+        ...
+
+    def set_monthly_limit(self, org_id: int, limit: int | None) -> None:
+        """Override the org's monthly limit (None: back to the server default)."""
         ...
 
     def close(self) -> None: ...

@@ -39,6 +39,7 @@ from .base import (
     WriteScalars,
 )
 from .keyfilter import KeyFilter
+from .usage import UsagePolicy, month_of, refusal, reset_at
 
 RANK, SCALAR = 1, 0
 _VALUES_MAX_ROWS = 64
@@ -73,6 +74,9 @@ CREATE TABLE IF NOT EXISTS scalar_points (
 CREATE TABLE IF NOT EXISTS attributes (
     run_seq INTEGER NOT NULL, seq BIGINT NOT NULL, path VARCHAR, type VARCHAR,
     step BIGINT, value VARCHAR, ts DOUBLE NOT NULL);
+CREATE TABLE IF NOT EXISTS usage (
+    org_id INTEGER NOT NULL, month VARCHAR NOT NULL, points BIGINT NOT NULL,
+    PRIMARY KEY (org_id, month));
 CREATE TABLE IF NOT EXISTS idempotency (
     org_id INTEGER NOT NULL, key_hi BIGINT NOT NULL, key_lo BIGINT NOT NULL,
     fingerprint BIGINT NOT NULL, status SMALLINT NOT NULL, body VARCHAR NOT NULL,
@@ -118,12 +122,15 @@ class _Batch:
         self.refresh: set[int] = set()  # series to bring up to date before COMMIT
         self.stale: dict[int, set[int]] = {}  # series -> steps this batch made stale
         self.refreshed: dict[int, set[int]] = {}
+        self.points: dict[int, int] = {}  # org -> metric points this batch accepted
+        self.month = ""
 
 
 class DuckDBStore:
     """Embedded store in ``<path>`` (a DuckDB file); ``:memory:`` for throwaway use."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, usage: UsagePolicy | None = None) -> None:
+        self._policy = usage or UsagePolicy()
         if path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._con = duckdb.connect(path)
@@ -148,6 +155,12 @@ class DuckDBStore:
                 "SELECT run_seq, world_size, last_step FROM runs"
             ).fetchall()
         }
+        # The guardrail: each org's override, and this month's points per org (the writer
+        # thread keeps them; a refusal never needs a query).
+        self._limits: dict[int, int | None] = dict(
+            self._con.execute("SELECT org_id, monthly_limit FROM orgs").fetchall()
+        )
+        self._used: dict[tuple[int, str], int] = {}
         # Every Idempotency-Key ever stored, as a Bloom filter: new keys skip the lookup.
         self._key_filter = self._load_key_filter()
         # Steps whose summary aggregates are behind their points (see duckdb_summary).
@@ -335,6 +348,9 @@ class DuckDBStore:
         # Only a committed transaction may teach the caches new ids.
         self._runs.update(batch.new_runs)
         self._series.update(batch.new_series)
+        for org_id, points in batch.points.items():
+            slot = (org_id, batch.month)
+            self._used[slot] = self._used.get(slot, 0) + points
         if batch.idempotency:
             org, hi, lo = (np.array(c, dtype=np.int64) for c in zip(*batch.idempotency))
             self._key_filter.add(org, hi, lo)
@@ -362,6 +378,8 @@ class DuckDBStore:
 
     def _apply_in_transaction(self, envelopes: list[Envelope], batch: _Batch) -> list[Outcome]:
         known = self._known_idempotency(envelopes)
+        now = self._policy.clock()
+        batch.month = month_of(now)
         outcomes: list[Outcome] = []
         for envelope in envelopes:
             idem = envelope.idempotency
@@ -371,7 +389,22 @@ class DuckDBStore:
                 if seen is not None:
                     outcomes.append(_replay(seen, idem))
                     continue
-            outcome = self._apply_write(envelope.write, batch)
+            write = envelope.write
+            if isinstance(write, (WriteRankPoints, WriteScalars)):
+                # Every accepted value counts, a rewrite too; a replay (above) counts nothing.
+                points = len(write.metrics)
+                limit = self._limit(write.org_id)
+                used = self._month_points(write.org_id, batch.month) + batch.points.get(
+                    write.org_id, 0
+                )
+                if limit is not None and used + points > limit:
+                    outcomes.append(refusal(limit, used, points, now))
+                    continue
+                outcome = self._apply_write(write, batch)
+                if outcome.status < 300:
+                    batch.points[write.org_id] = batch.points.get(write.org_id, 0) + points
+            else:
+                outcome = self._apply_write(write, batch)
             if idem is not None and 200 <= outcome.status < 300:
                 batch.idempotency[slot] = (
                     idem.fingerprint,
@@ -648,6 +681,12 @@ class DuckDBStore:
                 ],
             )
             self._next_attr += len(batch.attributes)
+        if batch.points:
+            con.executemany(
+                "INSERT INTO usage VALUES (?, ?, ?)"
+                " ON CONFLICT DO UPDATE SET points = usage.points + excluded.points",
+                [[org, batch.month, points] for org, points in batch.points.items()],
+            )
         if batch.idempotency:
             slots = list(batch.idempotency.items())
             columns = {
@@ -664,6 +703,84 @@ class DuckDBStore:
                     f" body, ? FROM {source}",
                     [time.time(), *params],
                 )
+
+    # ---- tenancy ----
+
+    def _limit(self, org_id: int) -> int | None:
+        override = self._limits.get(org_id)
+        return override if override is not None else self._policy.default_limit
+
+    def _month_points(self, org_id: int, month: str) -> int:
+        slot = (org_id, month)
+        used = self._used.get(slot)
+        if used is None:
+            rows = self._con.execute(
+                "SELECT points FROM usage WHERE org_id = ? AND month = ?", [org_id, month]
+            ).fetchall()
+            used = self._used[slot] = int(rows[0][0]) if rows else 0
+        return used
+
+    def org_id(self, name: str) -> int | None:
+        rows = self._cursor().execute("SELECT org_id FROM orgs WHERE name = ?", [name]).fetchall()
+        return int(rows[0][0]) if rows else None
+
+    def org_name(self, org_id: int) -> str | None:
+        rows = self._cursor().execute("SELECT name FROM orgs WHERE org_id = ?", [org_id]).fetchall()
+        return str(rows[0][0]) if rows else None
+
+    def list_api_keys(self, org_id: int | None) -> list[dict[str, Any]]:
+        rows = (
+            self._cursor()
+            .execute(
+                "SELECT k.key_id, o.name, k.scopes, k.created_at, k.revoked_at FROM api_keys k"
+                " JOIN orgs o USING (org_id) WHERE ? IS NULL OR k.org_id = ? ORDER BY k.created_at",
+                [org_id, org_id],
+            )
+            .fetchall()
+        )
+        return [
+            {
+                "key_id": kid,
+                "org": org,
+                "scopes": sorted(scopes.split(",")),
+                "created_at": created,
+                "revoked_at": revoked,
+            }
+            for kid, org, scopes, created, revoked in rows
+        ]
+
+    def revoke_api_key(self, key_id: str, org_id: int | None) -> bool:
+        rows = (
+            self._cursor()
+            .execute(
+                "UPDATE api_keys SET revoked_at = ? WHERE key_id = ? AND revoked_at IS NULL"
+                " AND (? IS NULL OR org_id = ?) RETURNING key_id",
+                [time.time(), key_id, org_id, org_id],
+            )
+            .fetchall()
+        )
+        return bool(rows)
+
+    def usage(self, org_id: int) -> dict[str, Any]:
+        now = self._policy.clock()
+        month = month_of(now)
+        rows = (
+            self._cursor()
+            .execute("SELECT points FROM usage WHERE org_id = ? AND month = ?", [org_id, month])
+            .fetchall()
+        )
+        return {
+            "month": month,
+            "used": int(rows[0][0]) if rows else 0,
+            "limit": self._limit(org_id),
+            "reset_at": reset_at(now),
+        }
+
+    def set_monthly_limit(self, org_id: int, limit: int | None) -> None:
+        self._cursor().execute(
+            "UPDATE orgs SET monthly_limit = ? WHERE org_id = ?", [limit, org_id]
+        )
+        self._limits[org_id] = limit
 
     # ---- the Distributed summary ----
 
