@@ -61,8 +61,8 @@ async def create_key(request: Request, key: Admin) -> JSONResponse:
     if (
         not isinstance(scopes, list)
         or not scopes
-        or not set(scopes) <= ALL_SCOPES
         or not all(type(s) is str for s in scopes)
+        or not set(scopes) <= ALL_SCOPES
     ):
         raise ApiError(422, f"scopes must be a non-empty list drawn from {sorted(ALL_SCOPES)}")
     org_id = await _target_org(request, key, org, create=True)
