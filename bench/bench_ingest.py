@@ -24,8 +24,10 @@ from pathlib import Path
 
 import httpx
 
-import instantml as im
 from instantml.server.process import ServerProcess
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_spool import call_costs, pct
 
 
 def _body(step: int, rank: int) -> dict[str, object]:
@@ -108,23 +110,6 @@ async def ingest_batches(
     return events / (time.perf_counter() - start)
 
 
-def call_costs(url: str, key: str, mode: str, calls: int) -> list[float]:
-    run = im.init(project="bench", upload_mode=mode, base_url=url, api_key=key)  # type: ignore[arg-type]
-    costs = []
-    metrics = {"train/loss": 0.5, "optimizer/grad_norm": 2.5, "perf/step_ms": 31.0}
-    for step in range(calls):
-        start = time.perf_counter_ns()
-        run.log_rank_metrics(metrics, step=step, rank=3, world_size=8, local_rank=3, weight=64)
-        costs.append((time.perf_counter_ns() - start) / 1000)
-    run.finish(timeout=60)
-    return costs
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=3.0)
@@ -142,10 +127,14 @@ def main() -> int:
                 asyncio.run(single_requests(server.url, key, _new_run(api), args.seconds, 16))
             )
             ingest.append(asyncio.run(ingest_batches(server.url, key, _new_run(api), args.seconds)))
-            costs = call_costs(server.url, key, "async", 20_000)
+            costs = call_costs(20_000, upload_mode="async", base_url=server.url, api_key=key)
             async_med.append(statistics.median(costs))
             async_p99.append(pct(costs, 0.99))
-            sync_med.append(statistics.median(call_costs(server.url, key, "sync", 300)))
+            sync_med.append(
+                statistics.median(
+                    call_costs(300, upload_mode="sync", base_url=server.url, api_key=key)
+                )
+            )
         api.close()
     med = statistics.median
     print(f"trials: {args.trials}, {args.seconds:.0f} s each; medians over trials")

@@ -3,27 +3,13 @@ outlives training until every segment of the spool is delivered."""
 
 from __future__ import annotations
 
-import fcntl
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+from . import segments
 from .uploader import LOCK_FILE
-
-
-def _uploader_running(spool_dir: Path) -> bool:
-    try:
-        fd = os.open(spool_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
 
 
 def start_background_uploader(
@@ -34,7 +20,7 @@ def start_background_uploader(
     directory = Path(spool_dir)
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        if _uploader_running(directory):
+        if segments.locked(directory / LOCK_FILE):
             return
         env = {**os.environ, "INSTANTML_API_BASE_URL": base_url}
         if api_key:

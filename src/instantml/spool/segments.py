@@ -39,11 +39,11 @@ def list_segments(spool_dir: Path) -> list[Path]:
         return []
 
 
-def writer_active(path: Path) -> bool:
-    """True while a writer process still holds the segment open for appending."""
+def locked(path: Path) -> bool:
+    """True while another process holds an ``flock`` on ``path`` (False if it is missing)."""
     try:
         fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
+    except OSError:
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -52,6 +52,11 @@ def writer_active(path: Path) -> bool:
     finally:
         os.close(fd)  # closing drops the probe's lock
     return False
+
+
+def writer_active(path: Path) -> bool:
+    """True while a writer process still holds the segment open for appending."""
+    return locked(path)
 
 
 def read_acked(path: Path) -> int:
