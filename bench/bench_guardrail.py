@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import statistics
 import sys
 import tempfile
@@ -65,6 +66,14 @@ async def http_rate(server: ServerProcess, events: int) -> float:
         return events * len(METRICS) / (time.perf_counter() - start)
 
 
+def _key(n: int) -> tuple[int, int]:
+    # As the server makes them: a 128-bit BLAKE2b digest of the key, as two signed halves.
+    digest = hashlib.blake2b(str(n).encode(), digest_size=16).digest()
+    return int.from_bytes(digest[:8], "big", signed=True), int.from_bytes(
+        digest[8:], "big", signed=True
+    )
+
+
 def store_rate(tmp: Path, events: int, idempotency: bool, limit: int | None) -> float:
     store = DuckDBStore(str(tmp / f"s-{time.time_ns()}.duckdb"), UsagePolicy(default_limit=limit))
     org = store.ensure_org("o")
@@ -83,7 +92,7 @@ def store_rate(tmp: Path, events: int, idempotency: bool, limit: int | None) -> 
                     METRICS,
                     0.0,
                 ),
-                Idempotency(g * 1000 + i, i, 1) if idempotency else None,
+                Idempotency(*_key(g * 1000 + i), 1) if idempotency else None,
             )
             for i in range(1000)
         ]
