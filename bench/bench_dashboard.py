@@ -11,6 +11,7 @@ is the first visit of a browser profile (plotly.js fetched), "warm" the later on
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -57,7 +58,8 @@ def main() -> int:
                 page.close()
             browser.close()
     cold, warm = times[0], times[1:]
-    print(f"512 ranks x {args.steps:,} steps: navigation -> Distributed tab drawn")
+    bundle = os.environ.get("INSTANTML_PLOTLY_JS") or "the plotly wheel's full plotly.min.js"
+    print(f"512 ranks x {args.steps:,} steps: navigation -> Distributed tab drawn ({bundle})")
     print(f"  cold (first visit, aggregates computed): {cold * 1000:,.0f} ms")
     print(
         f"  warm, median of {len(warm)}: {statistics.median(warm) * 1000:,.0f} ms"

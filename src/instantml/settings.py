@@ -29,6 +29,7 @@ class ServerSettings:
     monthly_metric_points: int | None = None
     max_body_bytes: int = 64 * 1024 * 1024
     max_batch_events: int = 50_000
+    plotly_js: Path | None = None  # a lighter plotly.js bundle to serve instead of the wheel's
 
     @property
     def store_url(self) -> str:
@@ -48,6 +49,8 @@ class ServerSettings:
                 env.get("INSTANTML_MONTHLY_METRIC_POINTS"), "INSTANTML_MONTHLY_METRIC_POINTS"
             ),
         }
+        if env.get("INSTANTML_PLOTLY_JS"):
+            values["plotly_js"] = Path(env["INSTANTML_PLOTLY_JS"]).expanduser()
         max_body = _int_or_none(env.get("INSTANTML_MAX_BODY_BYTES"), "INSTANTML_MAX_BODY_BYTES")
         if max_body:
             values["max_body_bytes"] = max_body

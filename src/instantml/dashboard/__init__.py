@@ -1,5 +1,10 @@
-"""The dashboard: static files served by the server at ``/``, charts by the plotly.js that
-the ``plotly`` wheel ships (nothing downloaded at run time, nothing built at install)."""
+"""The dashboard: static files served by the server at ``/``, charts by plotly.js (nothing
+downloaded at run time, nothing built at install).
+
+plotly.js comes from the ``plotly`` wheel (the full bundle, ~1 s to load and run on a slow
+machine) unless ``INSTANTML_PLOTLY_JS`` names a lighter bundle, such as the npm package
+``plotly.js-cartesian-dist-min`` (every trace the dashboard draws, in half the time), which
+``scripts/setup.sh`` installs when npm is there."""
 
 from __future__ import annotations
 
@@ -13,7 +18,11 @@ from fastapi.staticfiles import StaticFiles
 STATIC = Path(str(resources.files(__package__) / "static"))
 
 
-def _plotly_js() -> Path:
+def _plotly_js(configured: Path | None) -> Path:
+    if configured is not None:
+        if not configured.is_file():
+            raise RuntimeError(f"INSTANTML_PLOTLY_JS: no file at {configured}")
+        return configured
     try:
         import plotly
     except ImportError as exc:  # pragma: no cover - the server extra brings it
@@ -22,7 +31,7 @@ def _plotly_js() -> Path:
 
 
 def install(app: FastAPI) -> None:
-    plotly_js = _plotly_js()
+    plotly_js = _plotly_js(app.state.settings.plotly_js)
     router = APIRouter(include_in_schema=False)
 
     @router.get("/")
