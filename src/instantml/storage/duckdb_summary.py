@@ -42,7 +42,8 @@ _STATS = """
 INSERT INTO step_stats
 WITH p AS (
     SELECT step, value AS v, weight AS w, world_size AS ws FROM rank_points
-    WHERE series_id = $sid AND step IN (SELECT step FROM refresh_steps)),
+    WHERE series_id = $sid AND step BETWEEN $lo AND $hi
+        AND step IN (SELECT step FROM refresh_steps)),
 s AS (
     SELECT step, count(*) AS n, max(ws) AS expected, min(v) AS lo, max(v) AS hi,
         CASE WHEN min(v) = max(v) THEN min(v) ELSE avg(v) END AS mean,
@@ -68,6 +69,7 @@ UPDATE rank_points SET
         ELSE 0.0 END
 FROM step_stats s
 WHERE rank_points.series_id = $sid AND s.series_id = $sid AND rank_points.step = s.step
+    AND rank_points.step BETWEEN $lo AND $hi AND s.step BETWEEN $lo AND $hi
     AND s.step IN (SELECT step FROM refresh_steps)
 """
 
@@ -82,15 +84,19 @@ def refresh(con: duckdb.DuckDBPyConnection, series_id: int, steps: list[int]) ->
         con.execute("INSERT INTO refresh_steps SELECT step FROM refresh_frame")
     finally:
         con.unregister("refresh_frame")
-    sid = {"sid": series_id}
+    # The range lets zone maps skip every row group outside the stale steps: without it each
+    # refresh would scan all of the key's points.
+    sid = {"sid": series_id, "lo": min(steps), "hi": max(steps)}
     con.execute(
-        "DELETE FROM step_stats WHERE series_id = $sid AND step IN (SELECT step FROM refresh_steps)",
+        "DELETE FROM step_stats WHERE series_id = $sid AND step BETWEEN $lo AND $hi"
+        " AND step IN (SELECT step FROM refresh_steps)",
         sid,
     )
     con.execute(_STATS, sid)
     con.execute(_POINT_SCORES, sid)
     con.execute(
-        "DELETE FROM stale_steps WHERE series_id = $sid AND step IN (SELECT step FROM refresh_steps)",
+        "DELETE FROM stale_steps WHERE series_id = $sid AND step BETWEEN $lo AND $hi"
+        " AND step IN (SELECT step FROM refresh_steps)",
         sid,
     )
 
