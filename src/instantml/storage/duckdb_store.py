@@ -45,6 +45,9 @@ from .usage import UsagePolicy, month_of, refusal, reset_at
 RANK, SCALAR = 1, 0
 _VALUES_MAX_ROWS = 64
 _REFRESH_CHUNK = 4096
+# Idempotency-Keys are remembered at least 7 days (the contract); a day's margin on top.
+IDEMPOTENCY_RETENTION = 8 * 86400.0
+_PRUNE_EVERY = 3600.0
 log = logging.getLogger(__name__)
 
 _SCHEMA = """
@@ -163,6 +166,7 @@ class DuckDBStore:
             self._con.execute("SELECT org_id, monthly_limit FROM orgs").fetchall()
         )
         self._used: dict[tuple[int, str], int] = {}
+        self._last_prune = float("-inf")
         # Every Idempotency-Key ever stored, as a Bloom filter: new keys skip the lookup.
         self._key_filter = self._load_key_filter()
         # Steps whose summary aggregates are behind their points (see duckdb_summary).
@@ -369,7 +373,22 @@ class DuckDBStore:
         for seq, (size, last) in batch.extent_written.items():
             old_size, old_last = self._extent.get(seq, (0, -1))
             self._extent[seq] = (max(old_size, size), max(old_last, last))
+        self._prune_idempotency()
         return outcomes
+
+    def _prune_idempotency(self) -> None:
+        """At most hourly, forget Idempotency-Keys older than the retention. (The Bloom
+        filter keeps them: a pruned key costs a lookup that finds nothing.)"""
+        now = self._policy.clock()
+        if now - self._last_prune < _PRUNE_EVERY:
+            return
+        self._last_prune = now
+        try:
+            self._con.execute(
+                "DELETE FROM idempotency WHERE created_at < ?", [now - IDEMPOTENCY_RETENTION]
+            )
+        except Exception:  # housekeeping: never fails a write
+            log.exception("pruning expired Idempotency-Keys")
 
     def _apply_alone(self, envelope: Envelope) -> Outcome:
         try:
@@ -716,7 +735,7 @@ class DuckDBStore:
                 con.execute(
                     "INSERT INTO idempotency SELECT org_id, key_hi, key_lo, fingerprint, status,"
                     f" body, ? FROM {source}",
-                    [time.time(), *params],
+                    [self._policy.clock(), *params],
                 )
 
     # ---- tenancy ----
