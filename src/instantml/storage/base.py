@@ -7,7 +7,7 @@ that is refused (an unknown run, say) does not sink the others.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -145,7 +145,6 @@ class SeriesKey:
     kind: str  # "rank" or "scalar"
     points: int = 0
     last_step: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Store(Protocol):
