@@ -23,16 +23,25 @@ def _signed(data: bytes) -> int:
     return int.from_bytes(data, "big", signed=True)
 
 
-def make(org_id: int, key: str, method: str, path: str, body: Any) -> Idempotency:
-    if not 1 <= len(key) <= MAX_KEY_LENGTH:
-        raise ApiError(400, f"Idempotency-Key must be 1-{MAX_KEY_LENGTH} characters")
+def key_hash(key: str) -> tuple[int, int]:
+    """A key reduced to 128 bits, as two signed 64-bit halves."""
     digest = hashlib.blake2b(key.encode(), digest_size=16).digest()
+    return _signed(digest[:8]), _signed(digest[8:])
+
+
+def fingerprint(method: str, path: str, body: Any) -> int:
+    """64 bits of the request a key came with, insensitive to the body's key order."""
     try:
         request = orjson.dumps([method.upper(), path, body], option=orjson.OPT_SORT_KEYS)
     except orjson.JSONEncodeError:  # an integer beyond 64 bits somewhere in a free-form field
         request = json.dumps([method.upper(), path, body], sort_keys=True, default=str).encode()
-    fingerprint = hashlib.blake2b(request, digest_size=8).digest()
-    return Idempotency(_signed(digest[:8]), _signed(digest[8:]), _signed(fingerprint))
+    return _signed(hashlib.blake2b(request, digest_size=8).digest())
+
+
+def make(org_id: int, key: str, method: str, path: str, body: Any) -> Idempotency:
+    if not 1 <= len(key) <= MAX_KEY_LENGTH:
+        raise ApiError(400, f"Idempotency-Key must be 1-{MAX_KEY_LENGTH} characters")
+    return Idempotency(*key_hash(key), fingerprint(method, path, body))
 
 
 class InFlight:
@@ -47,6 +56,12 @@ class InFlight:
             return None
         self._keys.add(slot)
         return slot
+
+    def claim_all(self, slots: set[tuple[int, int, int]]) -> set[tuple[int, int, int]]:
+        """Claim every free slot of ``slots``; returns those already in flight (not claimed)."""
+        busy = slots & self._keys
+        self._keys.update(slots - busy if busy else slots)
+        return busy
 
     def release(self, slots: set[tuple[int, int, int]]) -> None:
         self._keys.difference_update(slots)

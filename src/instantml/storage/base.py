@@ -56,6 +56,50 @@ class WriteRankPoints:
 
 
 @dataclass(slots=True)
+class RankEvents:
+    """Many rank-metrics events of one ``/api/ingest`` batch, in columns: the uploader's
+    common case. Each is applied exactly as the ``WriteRankPoints`` of :meth:`envelopes`
+    would be, in order, each with its own Idempotency-Key; a backend may take them as a
+    whole when nothing needs deciding event by event (no replay, no unknown run, no limit
+    in reach) and must otherwise fall back to those envelopes."""
+
+    org_id: int
+    run_ids: list[str]
+    steps: list[int]
+    ranks: list[int]
+    world_sizes: list[int]
+    local_ranks: list[int]  # -1: not given
+    weights: list[float]
+    timestamps: list[float]
+    metrics: list[dict[str, float]]
+    key_hi: list[int]
+    key_lo: list[int]
+    fingerprints: list[int]
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def envelopes(self) -> list[Envelope]:
+        return [
+            Envelope(
+                WriteRankPoints(
+                    org_id=self.org_id,
+                    run_id=self.run_ids[i],
+                    step=self.steps[i],
+                    rank=self.ranks[i],
+                    world_size=self.world_sizes[i],
+                    local_rank=None if self.local_ranks[i] < 0 else self.local_ranks[i],
+                    weight=self.weights[i],
+                    metrics=self.metrics[i],
+                    timestamp=self.timestamps[i],
+                ),
+                Idempotency(self.key_hi[i], self.key_lo[i], self.fingerprints[i]),
+            )
+            for i in range(len(self.steps))
+        ]
+
+
+@dataclass(slots=True)
 class WriteAttributes:
     """Free-form run attributes (config entries, tags, notes) the public SDK writes."""
 
@@ -74,7 +118,9 @@ class Refresh:
     key: str
 
 
-Write = CreateRun | PatchRun | WriteScalars | WriteRankPoints | WriteAttributes | Refresh
+Write = (
+    CreateRun | PatchRun | WriteScalars | WriteRankPoints | RankEvents | WriteAttributes | Refresh
+)
 
 
 @dataclass(slots=True)
@@ -98,6 +144,7 @@ class Outcome:
     body: dict[str, Any]
     replayed: bool = False
     headers: dict[str, str] | None = None
+    each: list[Outcome] | None = None  # a RankEvents write: one answer per event
 
 
 @dataclass(slots=True)

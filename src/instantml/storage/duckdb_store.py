@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
+from itertools import chain, repeat
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from .base import (
     Idempotency,
     Outcome,
     PatchRun,
+    RankEvents,
     Refresh,
     RunRecord,
     SeriesKey,
@@ -112,11 +114,42 @@ def _run_record(row: tuple[Any, ...]) -> RunRecord:
     )
 
 
+_RANK_COLUMNS = {
+    "series_id": np.int32,
+    "step": np.int64,
+    "rank": np.int16,
+    "world_size": np.int16,
+    "local_rank": np.int16,  # -1: none
+    "value": np.float64,
+    "weight": np.float64,
+    "ts": np.float64,
+}
+_IDEMPOTENCY_COLUMNS = {
+    "org_id": np.int32,
+    "key_hi": np.int64,
+    "key_lo": np.int64,
+    "fingerprint": np.int64,
+    "status": np.int16,
+    "body": object,
+}
+
+
 class _Batch:
-    """Rows staged by one group commit, flushed as a few bulk inserts before COMMIT."""
+    """Rows staged by one group commit, flushed as a few bulk inserts before COMMIT.
+
+    Rank points and Idempotency-Key records come two ways: row by row from single writes
+    (``rank``, ``idempotency``) and as whole columns from RankEvents writes (``*_chunks``).
+    Order matters for points (a later write of a point wins), so the rows staged so far are
+    sealed into a chunk before a RankEvents chunk is added.
+    """
 
     def __init__(self) -> None:
         self.rank: dict[tuple[int, int, int], tuple[int, int, float, float, float]] = {}
+        self.rank_chunks: list[dict[str, np.ndarray]] = []
+        self.idem_chunks: list[dict[str, Any]] = []
+        # Keys of the idem_chunks, to answer a repeat later in the same group: slot -> index.
+        self.chunk_keys: list[tuple[dict[tuple[int, int, int], int], dict[str, Any]]] = []
+        self.stored_keys: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self.scalar: dict[tuple[int, int], tuple[float, float, bool]] = {}
         self.attributes: list[tuple[int, str | None, str | None, int | None, str, float]] = []
         self.idempotency: dict[tuple[int, int, int], tuple[int, int, str]] = {}
@@ -129,6 +162,38 @@ class _Batch:
         self.refreshed: dict[int, set[int]] = {}
         self.points: dict[int, int] = {}  # org -> metric points this batch accepted
         self.month = ""
+
+    def seal_rank_rows(self) -> None:
+        if not self.rank:
+            return
+        sids, steps, ranks = zip(*self.rank)
+        sizes, locals_, values, weights, stamps = zip(*self.rank.values())
+        self.rank_chunks.append(
+            {
+                name: np.array(column, dtype=dtype)
+                for (name, dtype), column in zip(
+                    _RANK_COLUMNS.items(),
+                    (sids, steps, ranks, sizes, locals_, values, weights, stamps),
+                    strict=True,
+                )
+            }
+        )
+        self.rank = {}
+
+    def staged_key(self, slot: tuple[int, int, int]) -> tuple[int, int, str] | None:
+        """The answer staged in this group for an Idempotency-Key, if any."""
+        seen = self.idempotency.get(slot)
+        if seen is not None:
+            return seen
+        for index, chunk in self.chunk_keys:
+            i = index.get(slot)
+            if i is not None:
+                return (
+                    int(chunk["fingerprint"][i]),
+                    int(chunk["status"][i]),
+                    chunk["body"][i],
+                )
+        return None
 
 
 class DuckDBStore:
@@ -367,9 +432,8 @@ class DuckDBStore:
         for org_id, points in batch.points.items():
             slot = (org_id, batch.month)
             self._used[slot] = self._used.get(slot, 0) + points
-        if batch.idempotency:
-            org, hi, lo = (np.array(c, dtype=np.int64) for c in zip(*batch.idempotency))
-            self._key_filter.add(org, hi, lo)
+        if batch.stored_keys is not None:
+            self._key_filter.add(*batch.stored_keys)
             if self._key_filter.full:
                 self._key_filter = self._load_key_filter(2 * self._key_filter.capacity)
         for sid, steps in batch.stale.items():
@@ -413,60 +477,164 @@ class DuckDBStore:
         batch.month = month_of(now)
         outcomes: list[Outcome] = []
         for envelope in envelopes:
-            idem = envelope.idempotency
-            if idem is not None:
-                slot = (envelope.write.org_id, idem.key_hi, idem.key_lo)
-                seen = batch.idempotency.get(slot) or known.get(slot)
-                if seen is not None:
-                    outcomes.append(_replay(seen, idem))
-                    continue
-            write = envelope.write
-            if isinstance(write, (WriteRankPoints, WriteScalars)):
-                # Every accepted value counts, a rewrite too; a replay (above) counts nothing.
-                points = len(write.metrics)
-                limit = self._limit(write.org_id)
-                used = self._month_points(write.org_id, batch.month) + batch.points.get(
-                    write.org_id, 0
-                )
-                if limit is not None and used + points > limit:
-                    outcomes.append(refusal(limit, used, points, now))
-                    continue
-                outcome = self._apply_write(write, batch)
-                if outcome.status < 300:
-                    batch.points[write.org_id] = batch.points.get(write.org_id, 0) + points
+            if isinstance(envelope.write, RankEvents):
+                each = self._apply_rank_events(envelope.write, batch, known, now)
+                outcomes.append(Outcome(200, {}, each=each))
             else:
-                outcome = self._apply_write(write, batch)
-            if idem is not None and 200 <= outcome.status < 300:
-                accepted = outcome.body.get("accepted")
-                batch.idempotency[slot] = (
-                    idem.fingerprint,
-                    outcome.status,
-                    _accepted_text(accepted)
-                    if len(outcome.body) == 1 and type(accepted) is int
-                    else orjson.dumps(outcome.body).decode(),
-                )
-            outcomes.append(outcome)
+                outcomes.append(self._apply_envelope(envelope, batch, known, now))
         return outcomes
+
+    def _apply_envelope(
+        self,
+        envelope: Envelope,
+        batch: _Batch,
+        known: dict[tuple[int, int, int], tuple[int, int, str]],
+        now: float,
+    ) -> Outcome:
+        idem = envelope.idempotency
+        write = envelope.write
+        if idem is not None:
+            slot = (write.org_id, idem.key_hi, idem.key_lo)
+            seen = batch.staged_key(slot) or known.get(slot)
+            if seen is not None:
+                return _replay(seen, idem)
+        if isinstance(write, (WriteRankPoints, WriteScalars)):
+            # Every accepted value counts, a rewrite too; a replay (above) counts nothing.
+            points = len(write.metrics)
+            limit = self._limit(write.org_id)
+            used = self._month_points(write.org_id, batch.month) + batch.points.get(write.org_id, 0)
+            if limit is not None and used + points > limit:
+                return refusal(limit, used, points, now)
+            outcome = self._apply_write(write, batch)
+            if outcome.status < 300:
+                batch.points[write.org_id] = batch.points.get(write.org_id, 0) + points
+        else:
+            outcome = self._apply_write(write, batch)
+        if idem is not None and 200 <= outcome.status < 300:
+            accepted = outcome.body.get("accepted")
+            batch.idempotency[slot] = (
+                idem.fingerprint,
+                outcome.status,
+                _accepted_text(accepted)
+                if len(outcome.body) == 1 and type(accepted) is int
+                else orjson.dumps(outcome.body).decode(),
+            )
+        return outcome
+
+    def _apply_rank_events(
+        self,
+        write: RankEvents,
+        batch: _Batch,
+        known: dict[tuple[int, int, int], tuple[int, int, str]],
+        now: float,
+    ) -> list[Outcome]:
+        """Stage many rank events as columns when nothing needs deciding event by event:
+        every run exists, no key was seen before or repeats, the monthly limit is out of
+        reach. Otherwise each event goes through :meth:`_apply_envelope`, in order."""
+        org = write.org_id
+        n = len(write)
+        index = dict(zip(zip(repeat(org, n), write.key_hi, write.key_lo), range(n)))
+        counts = [len(m) for m in write.metrics]
+        total = sum(counts)
+        limit = self._limit(org)
+        used = self._month_points(org, batch.month) + batch.points.get(org, 0)
+        runs = {run_id: self._lookup_run(org, run_id, batch) for run_id in set(write.run_ids)}
+        plain = (
+            len(index) == n
+            and None not in runs.values()
+            and (limit is None or used + total <= limit)
+            and (not known or index.keys().isdisjoint(known))
+            and (not batch.idempotency or index.keys().isdisjoint(batch.idempotency))
+            and all(index.keys().isdisjoint(other) for other, _ in batch.chunk_keys)
+        )
+        if not plain:
+            return [self._apply_envelope(e, batch, known, now) for e in write.envelopes()]
+        # Group events by (run, metric names): each group is a matrix of values.
+        groups: dict[tuple[str, tuple[str, ...]], list[int]] = {}
+        if len(runs) == 1 and len({tuple(m) for m in write.metrics}) == 1:
+            groups[(write.run_ids[0], tuple(write.metrics[0]))] = list(range(n))
+        else:
+            for i, (run_id, metrics) in enumerate(zip(write.run_ids, write.metrics)):
+                groups.setdefault((run_id, tuple(metrics)), []).append(i)
+        batch.seal_rank_rows()
+        columns: dict[str, np.ndarray] = {
+            "step": np.array(write.steps, dtype=np.int64),
+            "rank": np.array(write.ranks, dtype=np.int16),
+            "world_size": np.array(write.world_sizes, dtype=np.int16),
+            "local_rank": np.array(write.local_ranks, dtype=np.int16),
+            "weight": np.array(write.weights, dtype=np.float64),
+            "ts": np.array(write.timestamps, dtype=np.float64),
+        }
+        for (run_id, keys), members in groups.items():
+            seq = runs[run_id]
+            assert seq is not None
+            rows: Any = np.array(members, dtype=np.int64) if len(groups) > 1 else slice(None)
+            values = np.fromiter(
+                chain.from_iterable(write.metrics[i].values() for i in members),
+                dtype=np.float64,
+                count=len(members) * len(keys),
+            ).reshape(len(members), len(keys))
+            sids = [self._series_id(seq, RANK, key, batch) for key in keys]
+            picked = {name: column[rows] for name, column in columns.items()}
+            chunk = {name: np.tile(column, len(keys)) for name, column in picked.items()}
+            chunk["series_id"] = np.repeat(np.array(sids, dtype=np.int32), len(members))
+            chunk["value"] = values.ravel(order="F")
+            batch.rank_chunks.append({name: chunk[name] for name in _RANK_COLUMNS})
+            steps = np.unique(picked["step"]).tolist()
+            for sid in sids:
+                batch.stale.setdefault(sid, set()).update(steps)
+            size, last = batch.run_extent.get(seq, (0, -1))
+            batch.run_extent[seq] = (
+                max(size, int(picked["world_size"].max())),
+                max(last, int(picked["step"].max())),
+            )
+        batch.points[org] = batch.points.get(org, 0) + total
+        bodies = [_accepted_text(c) for c in counts]
+        chunk_keys = {
+            "org_id": np.full(n, org, dtype=np.int32),
+            "key_hi": np.array(write.key_hi, dtype=np.int64),
+            "key_lo": np.array(write.key_lo, dtype=np.int64),
+            "fingerprint": np.array(write.fingerprints, dtype=np.int64),
+            "status": np.full(n, 200, dtype=np.int16),
+            "body": bodies,
+        }
+        batch.idem_chunks.append(chunk_keys)
+        batch.chunk_keys.append((index, chunk_keys))
+        return [_accepted(c) for c in counts]
 
     def _known_idempotency(
         self, envelopes: list[Envelope]
     ) -> dict[tuple[int, int, int], tuple[int, int, str]]:
-        slots = [
+        """Stored answers of the keys these envelopes carry, for those that have one."""
+        orgs: list[np.ndarray] = []
+        his: list[np.ndarray] = []
+        los: list[np.ndarray] = []
+        single = [
             (e.write.org_id, e.idempotency.key_hi, e.idempotency.key_lo)
             for e in envelopes
             if e.idempotency is not None
         ]
-        if not slots:
+        if single:
+            o, h, lw = zip(*single)
+            orgs.append(np.array(o, dtype=np.int64))
+            his.append(np.array(h, dtype=np.int64))
+            los.append(np.array(lw, dtype=np.int64))
+        for e in envelopes:
+            if isinstance(e.write, RankEvents):
+                orgs.append(np.full(len(e.write), e.write.org_id, dtype=np.int64))
+                his.append(np.array(e.write.key_hi, dtype=np.int64))
+                los.append(np.array(e.write.key_lo, dtype=np.int64))
+        if not his:
             return {}
-        org, hi, lo = (np.array(column, dtype=np.int64) for column in zip(*slots))
-        maybe = self._key_filter.might_contain(org, hi, lo)
-        wanted = {slots[i] for i in np.flatnonzero(maybe)}
-        if not wanted:
+        org, hi, lo = np.concatenate(orgs), np.concatenate(his), np.concatenate(los)
+        maybe = np.flatnonzero(self._key_filter.might_contain(org, hi, lo))
+        if not len(maybe):
             return {}  # every key is new: the usual case, and no lookup at all
+        wanted = set(zip(org[maybe].tolist(), hi[maybe].tolist(), lo[maybe].tolist()))
         found: dict[tuple[int, int, int], tuple[int, int, str]] = {}
-        his = sorted({slot[1] for slot in wanted})
-        for start in range(0, len(his), 1000):  # key_hi IN (...) is answered by its index
-            chunk = his[start : start + 1000]
+        keys_hi = sorted({slot[1] for slot in wanted})
+        for start in range(0, len(keys_hi), 1000):  # key_hi IN (...) is answered by its index
+            chunk = keys_hi[start : start + 1000]
             rows = self._con.execute(
                 "SELECT org_id, key_hi, key_lo, fingerprint, status, body FROM idempotency"
                 f" WHERE key_hi IN ({', '.join('?' * len(chunk))})",
@@ -493,14 +661,20 @@ class DuckDBStore:
         for a parameterised VALUES list of a few rows: small groups (one request) use VALUES,
         large ones (an ingest batch) the frame.
         """
-        names = list(columns)
-        size = len(columns[names[0]][0])
+        frame = {n: np.array(values, dtype=dtype) for n, (values, dtype) in columns.items()}
+        with self._frame(name, frame) as source:
+            yield source
+
+    @contextmanager
+    def _frame(self, name: str, frame: dict[str, np.ndarray]) -> Iterator[tuple[str, list[Any]]]:
+        """:meth:`_rows` over numpy columns."""
+        names = list(frame)
+        size = len(frame[names[0]])
         if size <= _VALUES_MAX_ROWS:
             row = "(" + ", ".join("?" * len(names)) + ")"
-            params = [v for values in zip(*(c[0] for c in columns.values())) for v in values]
+            params = [v for values in zip(*(c.tolist() for c in frame.values())) for v in values]
             yield f"(VALUES {', '.join([row] * size)}) AS {name}({', '.join(names)})", params
             return
-        frame = {n: np.array(values, dtype=dtype) for n, (values, dtype) in columns.items()}
         self._con.register(name, frame)
         try:
             yield name, []
@@ -514,6 +688,7 @@ class DuckDBStore:
                 return _no_run(write.run_id)
             for key, value in write.metrics.items():
                 sid = self._series_id(seq, RANK, key, batch)
+                batch.stale.setdefault(sid, set()).add(write.step)
                 batch.rank[(sid, write.step, write.rank)] = (
                     write.world_size,
                     -1 if write.local_rank is None else write.local_rank,
@@ -658,44 +833,33 @@ class DuckDBStore:
             )
             self._next_series += len(batch.new_series)
         self._next_run += len(batch.new_runs)
-        if batch.rank:
-            keys = list(batch.rank)
-            # Columns by transposing once (zip runs in C), not one comprehension each.
-            sids, steps, ranks = (list(c) for c in zip(*keys))
-            sizes, locals_, values, weights, stamps = (list(c) for c in zip(*batch.rank.values()))
-            columns: dict[str, tuple[list[Any], Any]] = {
-                "series_id": (sids, np.int32),
-                "step": (steps, np.int64),
-                "rank": (ranks, np.int16),
-                "world_size": (sizes, np.int16),
-                "local_rank": (locals_, np.int16),
-                "value": (values, np.float64),
-                "weight": (weights, np.float64),
-                "ts": (stamps, np.float64),
-            }
-            with self._rows("rank_batch", columns) as (source, params):
+        batch.seal_rank_rows()
+        if batch.rank_chunks:
+            with self._frame("rank_batch", _latest_points(batch.rank_chunks)) as (source, params):
                 con.execute(
                     f"INSERT {'OR REPLACE ' if replace else ''}INTO rank_points"
-                    " (series_id, step, rank, world_size,"
-                    " local_rank, value, weight, ts) SELECT series_id, step, rank, world_size,"
-                    f" nullif(local_rank, -1), value, weight, ts FROM {source}",
+                    " (series_id, step, rank, world_size, local_rank, value, weight, ts)"
+                    " SELECT series_id, step, rank, world_size, nullif(local_rank, -1), value,"
+                    f" weight, ts FROM {source}",
                     params,
                 )
-            for sid, step, _ in keys:
-                batch.stale.setdefault(sid, set()).add(step)
-            pairs = [(sid, step) for sid, steps in batch.stale.items() for step in steps]
-            with self._rows(
-                "stale_batch",
-                {
-                    "series_id": ([p[0] for p in pairs], np.int32),
-                    "step": ([p[1] for p in pairs], np.int64),
-                },
-            ) as (source, params):
+            stale = {
+                "series_id": np.concatenate(
+                    [np.full(len(steps), sid, dtype=np.int32) for sid, steps in batch.stale.items()]
+                ),
+                "step": np.concatenate(
+                    [
+                        np.fromiter(steps, dtype=np.int64, count=len(steps))
+                        for steps in batch.stale.values()
+                    ]
+                ),
+            }
+            with self._frame("stale_batch", stale) as (source, params):
                 con.execute(f"INSERT INTO stale_steps SELECT series_id, step FROM {source}", params)
         if batch.scalar:
             keys2 = list(batch.scalar)
             rest2 = list(batch.scalar.values())
-            columns = {
+            columns: dict[str, tuple[list[Any], Any]] = {
                 "series_id": ([k[0] for k in keys2], np.int32),
                 "step": ([k[1] for k in keys2], np.int64),
                 "value": ([r[0] for r in rest2], np.float64),
@@ -731,18 +895,27 @@ class DuckDBStore:
                 con.execute(
                     f"INSERT INTO usage_log SELECT org_id, month, points FROM {source}", params
                 )
+        chunks = list(batch.idem_chunks)
         if batch.idempotency:
-            orgs, his, los = (list(c) for c in zip(*batch.idempotency))
-            prints, codes, bodies = (list(c) for c in zip(*batch.idempotency.values()))
-            columns = {
-                "org_id": (orgs, np.int32),
-                "key_hi": (his, np.int64),
-                "key_lo": (los, np.int64),
-                "fingerprint": (prints, np.int64),
-                "status": (codes, np.int16),
-                "body": (bodies, object),
+            key_orgs, his, los = zip(*batch.idempotency)
+            prints, codes, bodies = zip(*batch.idempotency.values())
+            chunks.append(
+                {
+                    name: np.array(column, dtype=dtype)
+                    for (name, dtype), column in zip(
+                        _IDEMPOTENCY_COLUMNS.items(),
+                        (key_orgs, his, los, prints, codes, bodies),
+                        strict=True,
+                    )
+                }
+            )
+        if chunks:
+            frame = {
+                name: np.concatenate([np.asarray(c[name], dtype=dtype) for c in chunks])
+                for name, dtype in _IDEMPOTENCY_COLUMNS.items()
             }
-            with self._rows("idem_batch", columns) as (source, params):
+            batch.stored_keys = (frame["org_id"], frame["key_hi"], frame["key_lo"])
+            with self._frame("idem_batch", frame) as (source, params):
                 con.execute(
                     "INSERT INTO idempotency SELECT org_id, key_hi, key_lo, fingerprint, status,"
                     f" body, ? FROM {source}",
@@ -886,6 +1059,30 @@ class DuckDBStore:
 def _accepted_text(accepted: int) -> str:
     # The stored answer of nearly every metric write: serialise each count once.
     return orjson.dumps({"accepted": accepted}).decode()
+
+
+@lru_cache(maxsize=1024)
+def _accepted(accepted: int) -> Outcome:
+    # Shared: nothing changes an Outcome once the store has answered with it.
+    return Outcome(200, {"accepted": accepted})
+
+
+def _latest_points(chunks: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The staged points as one frame, keeping only the last write of each (series, step,
+    rank): one INSERT may not carry a key twice."""
+    frame = {name: np.concatenate([c[name] for c in chunks]) for name in _RANK_COLUMNS}
+    sid, step, rank = frame["series_id"], frame["step"], frame["rank"]
+    # Stable sort by key: equal keys keep their staging order, so the last is the latest.
+    order = np.lexsort((rank, step, sid))
+    s_sid, s_step, s_rank = sid[order], step[order], rank[order]
+    last = np.ones(len(order), dtype=bool)
+    last[:-1] = (
+        (s_sid[1:] != s_sid[:-1]) | (s_step[1:] != s_step[:-1]) | (s_rank[1:] != s_rank[:-1])
+    )
+    if last.all():
+        return frame
+    keep = np.sort(order[last])
+    return {name: column[keep] for name, column in frame.items()}
 
 
 def _grows(known: tuple[int, int] | None, extent: tuple[int, int]) -> bool:

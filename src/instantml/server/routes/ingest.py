@@ -13,6 +13,7 @@ from ..apply import apply_writes
 from ..auth import require
 from ..body import read_json_object
 from ..errors import ApiError
+from ..rank_events import RankEventsBuilder
 from ..responses import JSONResponse
 
 router = APIRouter()
@@ -47,9 +48,16 @@ async def ingest(request: Request, key: Ingest) -> JSONResponse:
     limit = request.app.state.settings.max_batch_events
     if len(events) > limit:
         raise ApiError(413, f"events: at most {limit} events per batch, got {len(events)}")
-    results: list[dict[str, Any] | None] = []
+    results: list[dict[str, Any]] = []
     envelopes: list[Envelope] = []
+    columns = RankEventsBuilder(key.org_id)  # runs of plain rank-metrics events
     for index, event in enumerate(events):
+        event_id = columns.take(event)
+        if event_id is not None:
+            results.append({"event_id": event_id})
+            continue
+        if len(columns):
+            envelopes.append(Envelope(columns.build()))
         try:
             event_id, envelope = _event(key.org_id, event, index)
         except ApiError as exc:
@@ -62,9 +70,11 @@ async def ingest(request: Request, key: Ingest) -> JSONResponse:
             continue
         results.append({"event_id": event_id})
         envelopes.append(envelope)
+    if len(columns):
+        envelopes.append(Envelope(columns.build()))
     outcomes = iter(await apply_writes(request, key.org_id, envelopes))
     for result in results:
-        if result is not None and "status" not in result:
+        if "status" not in result:
             outcome = next(outcomes)
             if outcome is None:
                 result["status"], result["body"] = 409, {"error": idempotency.IN_FLIGHT_ERROR}
