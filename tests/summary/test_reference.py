@@ -14,8 +14,15 @@ from tests.summary.reference import Point, reference
 
 
 def ingest(
-    api: httpx.Client, writes: list[Point], key: str = "loss", name: str | None = None
+    api: httpx.Client,
+    writes: list[Point],
+    key: str = "loss",
+    name: str | None = None,
+    batch: int = 10_000,
 ) -> str:
+    """Send ``writes`` through ``/api/ingest`` in batches of ``batch`` events: a step
+    split across two batches is whole in neither, so the store computes it once from the
+    first batch's points and then again, from all of them, after the second."""
     run_id = f"sum-{uuid.uuid4().hex[:12]}"
     create: dict[str, Any] = {"project": "summary", "id": run_id}
     if name is not None:
@@ -48,8 +55,8 @@ def ingest(
         }
         for i, p in enumerate(writes)
     ]
-    for start in range(0, len(events), 10_000):
-        response = api.post("/api/ingest", json={"events": events[start : start + 10_000]})
+    for start in range(0, len(events), batch):
+        response = api.post("/api/ingest", json={"events": events[start : start + batch]})
         assert response.status_code == 200
         assert {r["status"] for r in response.json()["results"]} <= {200, 201}
     return run_id
@@ -121,12 +128,12 @@ def queries(draw: st.DrawFn) -> dict[str, Any]:
 @settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(run=runs(), query=queries())
+@given(run=runs(), query=queries(), batch=st.sampled_from([10_000, 10_000, 7, 30]))
 def test_summary_matches_reference(
-    api: httpx.Client, run: tuple[list[Point], float], query: dict[str, Any]
+    api: httpx.Client, run: tuple[list[Point], float], query: dict[str, Any], batch: int
 ) -> None:
     writes, scale = run
-    run_id = ingest(api, writes)
+    run_id = ingest(api, writes, batch=batch)
     got = summary(api, run_id, **query)
     assert (got["run_id"], got["key"], got["keys"]) == (run_id, "loss", ["loss"])
     assert_matches(got, reference(writes, **query), scale, query["z"])

@@ -7,11 +7,12 @@ arrives while the first is still being applied.
 
 from __future__ import annotations
 
-import hashlib
 import json
+import struct
 from typing import Any
 
 import orjson
+import xxhash
 
 from ..storage.base import Idempotency
 from .errors import ApiError
@@ -19,14 +20,18 @@ from .errors import ApiError
 MAX_KEY_LENGTH = 255
 
 
-def _signed(data: bytes) -> int:
-    return int.from_bytes(data, "big", signed=True)
+_TWO_INT64 = struct.Struct(">qq").unpack
+_INT64 = struct.Struct(">q").unpack
+
+# XXH3 rather than a cryptographic hash: ~0.1 us against ~0.8 us for blake2b, on every
+# event. Keys are scoped by org, so a client that crafted a collision would only collide
+# with its own keys.
 
 
 def key_hash(key: str) -> tuple[int, int]:
     """A key reduced to 128 bits, as two signed 64-bit halves."""
-    digest = hashlib.blake2b(key.encode(), digest_size=16).digest()
-    return _signed(digest[:8]), _signed(digest[8:])
+    hi, lo = _TWO_INT64(xxhash.xxh3_128_digest(key.encode()))
+    return hi, lo
 
 
 def fingerprint(method: str, path: str, body: Any) -> int:
@@ -35,7 +40,8 @@ def fingerprint(method: str, path: str, body: Any) -> int:
         request = orjson.dumps([method.upper(), path, body], option=orjson.OPT_SORT_KEYS)
     except orjson.JSONEncodeError:  # an integer beyond 64 bits somewhere in a free-form field
         request = json.dumps([method.upper(), path, body], sort_keys=True, default=str).encode()
-    return _signed(hashlib.blake2b(request, digest_size=8).digest())
+    (value,) = _INT64(xxhash.xxh3_64_digest(request))
+    return value
 
 
 def make(org_id: int, key: str, method: str, path: str, body: Any) -> Idempotency:

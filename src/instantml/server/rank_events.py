@@ -43,20 +43,11 @@ class RankEventsBuilder:
         self.clear()
 
     def clear(self) -> None:
-        self.run_ids: list[str] = []
-        self.steps: list[int] = []
-        self.ranks: list[int] = []
-        self.world_sizes: list[int] = []
-        self.local_ranks: list[int] = []
-        self.weights: list[float] = []
-        self.timestamps: list[float] = []
-        self.metrics: list[dict[str, float]] = []
-        self.key_hi: list[int] = []
-        self.key_lo: list[int] = []
-        self.fingerprints: list[int] = []
+        # One tuple per event, transposed into columns by build() (zip runs in C).
+        self._rows: list[tuple[Any, ...]] = []
 
     def __len__(self) -> int:
-        return len(self.steps)
+        return len(self._rows)
 
     def take(self, event: Any) -> str | None:
         """Append a plainly valid rank-metrics event and return its event_id; None (and
@@ -109,34 +100,25 @@ class RankEventsBuilder:
         if not _plain_keys(frozenset(metrics)):
             return None
         hi, lo = key_hash(event_id)
-        self.key_hi.append(hi)
-        self.key_lo.append(lo)
-        self.fingerprints.append(fingerprint("POST", path, body))
-        self.run_ids.append(run_id)
-        self.steps.append(step)
-        self.ranks.append(rank)
-        self.world_sizes.append(size)
-        self.local_ranks.append(local_rank)
-        self.weights.append(weight)
-        self.timestamps.append(stamp)
-        self.metrics.append(metrics)
+        self._rows.append(
+            (
+                run_id,
+                step,
+                rank,
+                size,
+                local_rank,
+                weight,
+                stamp,
+                metrics,
+                hi,
+                lo,
+                fingerprint("POST", path, body),
+            )
+        )
         return event_id
 
     def build(self) -> RankEvents:
         """The events taken so far as one write; the builder starts empty again."""
-        write = RankEvents(
-            org_id=self.org_id,
-            run_ids=self.run_ids,
-            steps=self.steps,
-            ranks=self.ranks,
-            world_sizes=self.world_sizes,
-            local_ranks=self.local_ranks,
-            weights=self.weights,
-            timestamps=self.timestamps,
-            metrics=self.metrics,
-            key_hi=self.key_hi,
-            key_lo=self.key_lo,
-            fingerprints=self.fingerprints,
-        )
+        columns = [list(column) for column in zip(*self._rows, strict=True)]
         self.clear()
-        return write
+        return RankEvents(self.org_id, *columns)

@@ -12,8 +12,10 @@ from __future__ import annotations
 import fcntl
 import os
 import random
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,53 @@ from . import segments
 LOCK_FILE = "uploader.lock"
 DEAD_LETTER = "dead-letter.jsonl"
 _RETRY = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
+_MIN_READ = 256 * 1024
+
+
+class _Cursor:
+    """Where a pass stands in one segment: complete lines read ahead, and how far the
+    server has answered (acknowledged only once every line before it has an answer)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.active = segments.writer_active(path)  # before reading: if done, it is complete
+        self.offset = segments.read_acked(path)  # acknowledged
+        self._read = self.offset  # read ahead up to here
+        self._lines: list[bytes] = []
+        self._ends: list[int] = []
+        self._pos = 0
+        self._taken_end = self.offset
+        self.exhausted = False
+        self.missing = False
+
+    def take(self, count: int, read_bytes: int) -> list[bytes]:
+        """Up to ``count`` further complete lines; marks the cursor exhausted at the end."""
+        while self._pos == len(self._lines):
+            try:
+                chunk = segments.read_lines(self.path, self._read, read_bytes)
+                if chunk.end == self._read:
+                    if self.path.stat().st_size - self._read < read_bytes:
+                        self.exhausted = True  # nothing more, or only a line being written
+                        return []
+                    read_bytes *= 2  # one line longer than a read: read more
+                    continue
+            except FileNotFoundError:
+                self.exhausted = self.missing = True
+                return []
+            self._lines, self._ends, self._pos = chunk.lines, chunk.ends, 0
+            self._read = chunk.end
+            if not chunk.lines:
+                self._taken_end = chunk.end  # only blank lines: acknowledged with the rest
+        lines = self._lines[self._pos : self._pos + count]
+        self._pos += len(lines)
+        self._taken_end = self._ends[self._pos - 1]
+        return lines
+
+    def ack(self) -> None:
+        """Every line taken so far has its final answer."""
+        if self._taken_end > self.offset:
+            segments.write_acked(self.path, self._taken_end)
+            self.offset = self._taken_end
 
 
 class UploadStopped(Exception):
@@ -59,6 +108,7 @@ class Uploader:
         max_backoff: float = 5.0,
         on_progress: Callable[[Stats], None] | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        streams: int = 2,
     ) -> None:
         self.spool_dir = Path(spool_dir)
         headers = {"Content-Type": "application/json"}
@@ -71,6 +121,9 @@ class Uploader:
         self._on_progress = on_progress
         self._sleep = sleep
         self.stats = Stats()
+        self._streams = max(1, streams)
+        self._stats_lock = threading.Lock()  # streams share stats and the dead-letter file
+        self._halt = threading.Event()  # one stream stopped: the others stop too
         self._lock_fd = -1
 
     # ---- one uploader per spool dir ----
@@ -113,54 +166,76 @@ class Uploader:
         return self.stats
 
     def drain_once(self) -> int:
-        """One pass over every segment; returns how many segments remain."""
+        """One pass over every segment; returns how many segments remain.
+
+        Batches draw lines from every segment in turn (the spool of an 8-rank job is 8
+        segments): each batch then holds the same steps of every rank, so the server brings
+        a step's summary up to date once rather than once per rank. With several segments,
+        ``streams`` requests are in flight at once, each stream owning its own segments, so
+        the server parses one batch while it commits another and every segment's events
+        still arrive in order."""
+        cursors = [_Cursor(path) for path in segments.list_segments(self.spool_dir)]
+        groups = [cursors[i :: self._streams] for i in range(min(self._streams, len(cursors)))]
+        if len(groups) > 1:
+            self._halt.clear()
+            with ThreadPoolExecutor(len(groups), thread_name_prefix="instantml-upload") as pool:
+                for future in [pool.submit(self._pump, group) for group in groups]:
+                    future.result()  # the first failure propagates (the others halt)
+        elif groups:
+            self._pump(groups[0])
         remaining = 0
-        for path in segments.list_segments(self.spool_dir):
-            active = segments.writer_active(path)  # before reading: if done, it is complete
-            if self._drain_segment(path) and not active:
-                torn = segments.read_lines(path, segments.read_acked(path)).torn
+        for cursor in cursors:
+            if not cursor.missing:
+                cursor.ack()  # every batch of this pass has its answers
+            if cursor.exhausted and not cursor.active and not cursor.missing:
+                torn = segments.read_lines(cursor.path, cursor.offset).torn
                 if torn:
                     self.stats.torn += 1
-                    self._dead_letter(path, torn, None, "torn line: its writer died mid-write")
-                segments.remove(path)
+                    self._dead_letter(
+                        cursor.path, torn, None, "torn line: its writer died mid-write"
+                    )
+                segments.remove(cursor.path)
                 self.stats.segments_done += 1
-            else:
+            elif not cursor.missing:
                 remaining += 1
         return remaining
 
-    def _drain_segment(self, path: Path) -> bool:
-        """Send every complete line of a segment; True when all are acknowledged."""
-        offset = segments.read_acked(path)
-        while True:
-            try:
-                chunk = segments.read_lines(path, offset, self._batch_bytes)
-            except FileNotFoundError:
-                return False
-            for start in range(0, len(chunk.lines), self._batch_events):
-                lines = chunk.lines[start : start + self._batch_events]
-                self._send(path, lines)
-                segments.write_acked(path, chunk.ends[start + len(lines) - 1])
+    def _pump(self, cursors: list[_Cursor]) -> None:
+        """Send the lines of ``cursors``, interleaved, until none has more."""
+        try:
+            live = list(cursors)
+            while live and not self._halt.is_set():
+                share = max(1, self._batch_events // len(live))
+                read_bytes = max(_MIN_READ, self._batch_bytes // len(live))
+                batch: list[tuple[_Cursor, bytes]] = []
+                for cursor in live:
+                    batch.extend((cursor, line) for line in cursor.take(share, read_bytes))
+                live = [c for c in live if not c.exhausted]
+                if not batch:
+                    continue
+                self._send(batch)
+                for cursor in {id(c): c for c, _ in batch}.values():
+                    cursor.ack()
                 if self._on_progress:
-                    self._on_progress(self.stats)
-            if chunk.end > offset and not chunk.lines:
-                segments.write_acked(path, chunk.end)  # only blank lines
-            if chunk.end == offset or not chunk.lines:
-                return True
-            offset = chunk.end
+                    with self._stats_lock:
+                        self._on_progress(self.stats)
+        except BaseException:
+            self._halt.set()
+            raise
 
-    def _send(self, path: Path, lines: list[bytes]) -> None:
-        """Deliver lines until each has a final answer (retrying what is transient)."""
-        events = []
-        for line in lines:
-            try:
-                event = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                event = None
-            if isinstance(event, dict) and isinstance(event.get("event_id"), str):
-                events.append(line)
-            else:
-                self.stats.torn += 1
-                self._dead_letter(path, line, None, "not an event: a torn or corrupt line")
+    def _count(self, **counts: int) -> None:
+        with self._stats_lock:
+            for name, value in counts.items():
+                setattr(self.stats, name, getattr(self.stats, name) + value)
+
+    def _send(self, items: list[tuple[_Cursor, bytes]]) -> None:
+        """Deliver lines until each has a final answer (retrying what is transient).
+
+        Lines go as they are, unparsed; only when the server finds the batch itself
+        malformed (a torn or corrupt line in it) is each line checked, and what is not an
+        event is dead-lettered."""
+        events = items
+        checked = False
         cap = len(events)
         sent = 0
         delay = 0.1
@@ -168,7 +243,8 @@ class Uploader:
             batch = events[sent : sent + cap]
             try:
                 response = self._client.post(
-                    "/api/ingest", content=b'{"events":[' + b",".join(batch) + b"]}"
+                    "/api/ingest",
+                    content=b'{"events":[' + b",".join([line for _, line in batch]) + b"]}",
                 )
             except httpx.HTTPError as exc:
                 self._note(f"server unreachable ({type(exc).__name__}); retrying")
@@ -181,14 +257,21 @@ class Uploader:
             if status == 413 and cap > 1:
                 cap = max(1, cap // 2)
                 continue
+            if status == 400 and not checked:
+                checked = True
+                events = events[:sent] + self._events_only(events[sent:])
+                cap = max(1, len(events) - sent)
+                continue
             if status in _RETRY or status >= 500:
                 self._note(f"server answered {status}; retrying")
                 delay = self._backoff(delay, response.headers.get("retry-after"))
                 continue
             if status != 200:
                 raise UploadStopped(f"server refused a batch ({status}): {_error(response)}")
-            final = 0
-            for line, result in zip(batch, response.json()["results"], strict=True):
+            final = delivered = replayed = 0
+            for (cursor, line), result in zip(
+                batch, orjson.loads(response.content)["results"], strict=True
+            ):
                 code = result["status"]
                 body = result.get("body") or {}
                 if code == 429 and body.get("scope") == "monthly":
@@ -197,15 +280,31 @@ class Uploader:
                     break  # this and every later event go again, in order
                 if code < 300:
                     if result.get("replayed"):
-                        self.stats.replayed += 1
+                        replayed += 1
                     else:
-                        self.stats.delivered += 1
+                        delivered += 1
                 else:
-                    self.stats.dead_lettered += 1
-                    self._dead_letter(path, line, code, str(result.get("body", {}).get("error")))
+                    self._count(dead_lettered=1)
+                    self._dead_letter(cursor.path, line, code, str(body.get("error")))
                 final += 1
+            self._count(delivered=delivered, replayed=replayed)
             sent += final
             delay = 0.1 if final == len(batch) else self._backoff(delay)
+
+    def _events_only(self, items: list[tuple[_Cursor, bytes]]) -> list[tuple[_Cursor, bytes]]:
+        """The items whose line is an event; the others go to the dead-letter file."""
+        kept = []
+        for cursor, line in items:
+            try:
+                event = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                event = None
+            if isinstance(event, dict) and isinstance(event.get("event_id"), str):
+                kept.append((cursor, line))
+            else:
+                self._count(torn=1)
+                self._dead_letter(cursor.path, line, None, "not an event: a torn or corrupt line")
+        return kept
 
     def _backoff(self, delay: float, retry_after: str | None = None) -> float:
         wait = delay * (0.5 + random.random())
@@ -218,9 +317,10 @@ class Uploader:
         return min(delay * 2, self._max_backoff)
 
     def _note(self, message: str) -> None:
-        if not self.stats.errors or self.stats.errors[-1] != message:
-            self.stats.errors.append(message)
-            del self.stats.errors[:-20]
+        with self._stats_lock:
+            if not self.stats.errors or self.stats.errors[-1] != message:
+                self.stats.errors.append(message)
+                del self.stats.errors[:-20]
 
     def _dead_letter(self, segment: Path, line: bytes, status: int | None, reason: str) -> None:
         record: dict[str, Any] = {
@@ -233,7 +333,7 @@ class Uploader:
             record["event"] = orjson.loads(line)
         except orjson.JSONDecodeError:
             record["line"] = line.decode("utf-8", "replace")
-        with (self.spool_dir / DEAD_LETTER).open("ab") as handle:
+        with self._stats_lock, (self.spool_dir / DEAD_LETTER).open("ab") as handle:
             handle.write(orjson.dumps(record) + b"\n")
 
 

@@ -11,6 +11,7 @@ makes a rewrite replace rather than add a row stays small.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -25,6 +26,7 @@ import numpy as np
 import orjson
 
 from ..summary import SummaryParams
+from ..summary.step_stats import step_stats
 from . import duckdb_summary
 from .base import (
     ApiKeyRecord,
@@ -123,6 +125,9 @@ _RANK_COLUMNS = {
     "value": np.float64,
     "weight": np.float64,
     "ts": np.float64,
+    "delta": np.float64,  # NaN: not computed yet (the step is stale)
+    "z": np.float64,
+    "robust_z": np.float64,
 }
 _IDEMPOTENCY_COLUMNS = {
     "org_id": np.int32,
@@ -146,6 +151,8 @@ class _Batch:
     def __init__(self) -> None:
         self.rank: dict[tuple[int, int, int], tuple[int, int, float, float, float]] = {}
         self.rank_chunks: list[dict[str, np.ndarray]] = []
+        self.stats_chunks: list[dict[str, np.ndarray]] = []  # steps computed while staging
+        self.last_step: dict[int, int] = {}  # series -> newest step staged or committed
         self.idem_chunks: list[dict[str, Any]] = []
         # Keys of the idem_chunks, to answer a repeat later in the same group: slot -> index.
         self.chunk_keys: list[tuple[dict[tuple[int, int, int], int], dict[str, Any]]] = []
@@ -168,12 +175,13 @@ class _Batch:
             return
         sids, steps, ranks = zip(*self.rank)
         sizes, locals_, values, weights, stamps = zip(*self.rank.values())
+        unknown = [math.nan] * len(sids)
         self.rank_chunks.append(
             {
                 name: np.array(column, dtype=dtype)
                 for (name, dtype), column in zip(
                     _RANK_COLUMNS.items(),
-                    (sids, steps, ranks, sizes, locals_, values, weights, stamps),
+                    (sids, steps, ranks, sizes, locals_, values, weights, stamps) + (unknown,) * 3,
                     strict=True,
                 )
             }
@@ -240,6 +248,12 @@ class DuckDBStore:
             "SELECT DISTINCT series_id, step FROM stale_steps"
         ).fetchall():
             self._stale.setdefault(sid, set()).add(step)
+        # Each rank series' newest step: a write beyond it brings whole new steps.
+        self._last_step: dict[int, int] = dict(
+            self._con.execute(
+                "SELECT series_id, max(step) FROM rank_points GROUP BY series_id"
+            ).fetchall()
+        )
         self._next_run = 1 + max(self._runs.values(), default=0)
         self._next_series = 1 + max(self._series.values(), default=0)
         (self._next_attr,) = _first(
@@ -438,6 +452,7 @@ class DuckDBStore:
                 self._key_filter = self._load_key_filter(2 * self._key_filter.capacity)
         for sid, steps in batch.stale.items():
             self._stale.setdefault(sid, set()).update(steps)
+        self._last_step.update(batch.last_step)  # each only ever grows
         for sid, steps in batch.refreshed.items():
             remaining = self._stale.get(sid, set()) - steps
             if remaining:
@@ -574,15 +589,10 @@ class DuckDBStore:
                 dtype=np.float64,
                 count=len(members) * len(keys),
             ).reshape(len(members), len(keys))
-            sids = [self._series_id(seq, RANK, key, batch) for key in keys]
             picked = {name: column[rows] for name, column in columns.items()}
-            chunk = {name: np.tile(column, len(keys)) for name, column in picked.items()}
-            chunk["series_id"] = np.repeat(np.array(sids, dtype=np.int32), len(members))
-            chunk["value"] = values.ravel(order="F")
-            batch.rank_chunks.append({name: chunk[name] for name in _RANK_COLUMNS})
-            steps = np.unique(picked["step"]).tolist()
-            for sid in sids:
-                batch.stale.setdefault(sid, set()).update(steps)
+            for j, key in enumerate(keys):
+                sid = self._series_id(seq, RANK, key, batch)
+                self._stage_points(sid, picked, values[:, j], batch)
             size, last = batch.run_extent.get(seq, (0, -1))
             batch.run_extent[seq] = (
                 max(size, int(picked["world_size"].max())),
@@ -601,6 +611,37 @@ class DuckDBStore:
         batch.idem_chunks.append(chunk_keys)
         batch.chunk_keys.append((index, chunk_keys))
         return [_accepted(c) for c in counts]
+
+    def _stage_points(
+        self, sid: int, columns: dict[str, np.ndarray], values: np.ndarray, batch: _Batch
+    ) -> None:
+        """Stage one key's points of a RankEvents write. Steps newer than any the key has
+        (the usual case: an uploader's batch holds the same new steps of every rank) get
+        their reducers and scores computed here; older steps are marked stale for the
+        refresh, which recomputes them from every point the step has."""
+        steps = columns["step"]
+        last = self._last_step_of(sid, batch)
+        fresh = steps > last
+        chunk = dict(columns, series_id=np.full(len(steps), sid, dtype=np.int32), value=values)
+        scores = np.full((3, len(steps)), np.nan)
+        if fresh.any() and _one_point_per_rank(steps[fresh], columns["rank"][fresh]):
+            stats, delta, z, robust = step_stats(
+                steps[fresh], values[fresh], columns["weight"][fresh], columns["world_size"][fresh]
+            )
+            scores[:, fresh] = delta, z, robust
+            stats["series_id"] = np.full(len(stats["step"]), sid, dtype=np.int32)
+            batch.stats_chunks.append(stats)
+        else:
+            fresh[:] = False
+        chunk["delta"], chunk["z"], chunk["robust_z"] = scores
+        batch.rank_chunks.append({name: chunk[name] for name in _RANK_COLUMNS})
+        if not fresh.all():
+            batch.stale.setdefault(sid, set()).update(np.unique(steps[~fresh]).tolist())
+        batch.last_step[sid] = max(last, int(steps.max()))
+
+    def _last_step_of(self, sid: int, batch: _Batch) -> int:
+        last = batch.last_step.get(sid)
+        return self._last_step.get(sid, -1) if last is None else last
 
     def _known_idempotency(
         self, envelopes: list[Envelope]
@@ -689,6 +730,7 @@ class DuckDBStore:
             for key, value in write.metrics.items():
                 sid = self._series_id(seq, RANK, key, batch)
                 batch.stale.setdefault(sid, set()).add(write.step)
+                batch.last_step[sid] = max(self._last_step_of(sid, batch), write.step)
                 batch.rank[(sid, write.step, write.rank)] = (
                     write.world_size,
                     -1 if write.local_rank is None else write.local_rank,
@@ -838,11 +880,22 @@ class DuckDBStore:
             with self._frame("rank_batch", _latest_points(batch.rank_chunks)) as (source, params):
                 con.execute(
                     f"INSERT {'OR REPLACE ' if replace else ''}INTO rank_points"
-                    " (series_id, step, rank, world_size, local_rank, value, weight, ts)"
+                    " (series_id, step, rank, world_size, local_rank, value, weight, ts,"
+                    " delta, z, robust_z)"
                     " SELECT series_id, step, rank, world_size, nullif(local_rank, -1), value,"
-                    f" weight, ts FROM {source}",
+                    " weight, ts, CASE WHEN isnan(delta) THEN NULL ELSE delta END,"
+                    " CASE WHEN isnan(z) THEN NULL ELSE z END,"
+                    f" CASE WHEN isnan(robust_z) THEN NULL ELSE robust_z END FROM {source}",
                     params,
                 )
+            if batch.stats_chunks:
+                names = ("series_id", *duckdb_summary.STATS_COLUMNS)
+                stats = {n: np.concatenate([c[n] for c in batch.stats_chunks]) for n in names}
+                with self._frame("stats_batch", stats) as (source, params):
+                    con.execute(
+                        f"INSERT INTO step_stats SELECT {', '.join(names)} FROM {source}", params
+                    )
+        if batch.stale:
             stale = {
                 "series_id": np.concatenate(
                     [np.full(len(steps), sid, dtype=np.int32) for sid, steps in batch.stale.items()]
@@ -1083,6 +1136,12 @@ def _latest_points(chunks: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]
         return frame
     keep = np.sort(order[last])
     return {name: column[keep] for name, column in frame.items()}
+
+
+def _one_point_per_rank(steps: np.ndarray, ranks: np.ndarray) -> bool:
+    order = np.lexsort((ranks, steps))
+    s, r = steps[order], ranks[order]
+    return not bool(((s[1:] == s[:-1]) & (r[1:] == r[:-1])).any())
 
 
 def _grows(known: tuple[int, int] | None, extent: tuple[int, int]) -> bool:

@@ -35,6 +35,22 @@ WHERE NOT EXISTS (SELECT 1 FROM step_stats) AND NOT EXISTS (SELECT 1 FROM stale_
     AND NOT EXISTS (SELECT 1 FROM rank_points WHERE z IS NOT NULL);
 """
 
+STATS_COLUMNS = (
+    "step",
+    "n",
+    "expected",
+    "mean",
+    "weighted_mean",
+    "min",
+    "max",
+    "std",
+    "p05",
+    "p50",
+    "p95",
+    "mad",
+    "mean_ad",
+)
+
 # A step whose values are all equal has std, MAD and mean absolute deviation exactly 0 and
 # its mean exactly that value; floating-point sums would leave an ulp of noise instead.
 # std is the definition's two-pass sqrt(sum((v - mean)^2) / n), over the mean above.
