@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import signal
 import sys
 
@@ -33,6 +34,11 @@ def serve(settings: ServerSettings) -> None:
             print(f"Dashboard: {url}/?token={token}")
         sys.stdout.flush()
         app = create_app(settings, store)
+        # Everything alive now (modules, the app, caches) lives as long as the process: take
+        # it out of the cyclic collector's reach. An ingest batch allocates tens of thousands
+        # of containers, which triggers collections; a full one would otherwise walk this
+        # whole heap every few batches (measured: a third of instantml sync's throughput).
+        gc.freeze()
         config = uvicorn.Config(
             app, host=settings.host, port=settings.port, log_level="warning", lifespan="on"
         )

@@ -108,7 +108,7 @@ class Uploader:
         max_backoff: float = 5.0,
         on_progress: Callable[[Stats], None] | None = None,
         sleep: Callable[[float], None] = time.sleep,
-        streams: int = 2,
+        streams: int = 1,
     ) -> None:
         self.spool_dir = Path(spool_dir)
         headers = {"Content-Type": "application/json"}
