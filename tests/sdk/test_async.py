@@ -62,14 +62,15 @@ def test_loop_stays_in_microseconds_and_finish_keeps_its_timeout(
     url = f"http://127.0.0.1:{free_port()}" if where == "down" else hung_server
     run = im.init(project="p", base_url=url, api_key="iml_x_y", timeout=5.0)
     costs = _time_loop(run)
-    # A call that touched the network would cost milliseconds (down) or seconds (hung).
+    # A call that touched the network would cost milliseconds (down) or the 5 s timeout
+    # (hung). The bounds leave room for a shared machine's pauses, not for a network call.
     assert statistics.median(costs) < 200e-6, statistics.median(costs)
-    assert max(costs) < 0.05, max(costs)
+    assert max(costs) < 1.0, max(costs)
     start = time.monotonic()
     with pytest.warns(RuntimeWarning, match="not yet delivered"):
         delivered = run.finish(timeout=1.0)
     assert delivered is False
-    assert time.monotonic() - start < 1.0 + 0.5
+    assert time.monotonic() - start < 1.0 + 2.0  # finish's timeout, not the transport's 5 s
 
 
 def test_full_queue_drops_counts_and_warns_once() -> None:

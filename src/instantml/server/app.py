@@ -16,6 +16,7 @@ from .auth import KeyRing
 from .idempotency import InFlight
 from .responses import JSONResponse
 from .routes import admin, ingest, metrics, runs, summary
+from .upload_order import UploadOrder
 from .writer import GroupCommitter
 
 
@@ -33,6 +34,7 @@ def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
         app.state.keys = KeyRing(opened)
         app.state.writer = GroupCommitter(opened)
         app.state.in_flight = InFlight()
+        app.state.upload_order = UploadOrder()
         try:
             yield
         finally:

@@ -14,8 +14,10 @@ import os
 import random
 import threading
 import time
+import uuid
+from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,11 +25,11 @@ from typing import Any
 import httpx
 import orjson
 
+from ..protocol import UPLOAD_ORDER_HEADER, is_final
 from . import segments
 
 LOCK_FILE = "uploader.lock"
 DEAD_LETTER = "dead-letter.jsonl"
-_RETRY = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 _MIN_READ = 256 * 1024
 
 
@@ -47,7 +49,7 @@ class _Cursor:
         self.exhausted = False
         self.missing = False
 
-    def take(self, count: int, read_bytes: int) -> list[bytes]:
+    def take(self, count: int, read_bytes: int) -> list[_Item]:
         """Up to ``count`` further complete lines; marks the cursor exhausted at the end."""
         while self._pos == len(self._lines):
             try:
@@ -65,16 +67,33 @@ class _Cursor:
             self._read = chunk.end
             if not chunk.lines:
                 self._taken_end = chunk.end  # only blank lines: acknowledged with the rest
-        lines = self._lines[self._pos : self._pos + count]
-        self._pos += len(lines)
+        start, self._pos = self._pos, min(self._pos + count, len(self._lines))
         self._taken_end = self._ends[self._pos - 1]
-        return lines
+        return [
+            (self, line, end)
+            for line, end in zip(
+                self._lines[start : self._pos], self._ends[start : self._pos], strict=True
+            )
+        ]
 
-    def ack(self) -> None:
-        """Every line taken so far has its final answer."""
-        if self._taken_end > self.offset:
-            segments.write_acked(self.path, self._taken_end)
-            self.offset = self._taken_end
+    def ack(self, offset: int | None = None) -> None:
+        """Every line before ``offset`` (default: every line taken) has its final answer."""
+        offset = self._taken_end if offset is None else offset
+        if offset > self.offset:
+            segments.write_acked(self.path, offset)
+            self.offset = offset
+
+
+_Item = tuple[_Cursor, bytes, int]  # a line, its segment, and the offset just past it
+
+
+def _ack(items: list[_Item]) -> None:
+    """Acknowledge, per segment, everything up to the last of ``items`` (all answered)."""
+    last: dict[int, tuple[_Cursor, int]] = {}
+    for cursor, _, end in items:
+        last[id(cursor)] = (cursor, end)
+    for cursor, end in last.values():
+        cursor.ack(end)
 
 
 class UploadStopped(Exception):
@@ -108,7 +127,7 @@ class Uploader:
         max_backoff: float = 5.0,
         on_progress: Callable[[Stats], None] | None = None,
         sleep: Callable[[float], None] = time.sleep,
-        streams: int = 1,
+        pipeline: int = 2,
     ) -> None:
         self.spool_dir = Path(spool_dir)
         headers = {"Content-Type": "application/json"}
@@ -121,9 +140,8 @@ class Uploader:
         self._on_progress = on_progress
         self._sleep = sleep
         self.stats = Stats()
-        self._streams = max(1, streams)
-        self._stats_lock = threading.Lock()  # streams share stats and the dead-letter file
-        self._halt = threading.Event()  # one stream stopped: the others stop too
+        self._pipeline = max(1, pipeline)
+        self._stats_lock = threading.Lock()  # progress may be read from another thread
         self._lock_fd = -1
 
     # ---- one uploader per spool dir ----
@@ -170,19 +188,9 @@ class Uploader:
 
         Batches draw lines from every segment in turn (the spool of an 8-rank job is 8
         segments): each batch then holds the same steps of every rank, so the server brings
-        a step's summary up to date once rather than once per rank. With several segments,
-        ``streams`` requests are in flight at once, each stream owning its own segments, so
-        the server parses one batch while it commits another and every segment's events
-        still arrive in order."""
+        a step's summary up to date once rather than once per rank."""
         cursors = [_Cursor(path) for path in segments.list_segments(self.spool_dir)]
-        groups = [cursors[i :: self._streams] for i in range(min(self._streams, len(cursors)))]
-        if len(groups) > 1:
-            self._halt.clear()
-            with ThreadPoolExecutor(len(groups), thread_name_prefix="instantml-upload") as pool:
-                for future in [pool.submit(self._pump, group) for group in groups]:
-                    future.result()  # the first failure propagates (the others halt)
-        elif groups:
-            self._pump(groups[0])
+        self._pump(cursors)
         remaining = 0
         for cursor in cursors:
             if not cursor.missing:
@@ -201,35 +209,113 @@ class Uploader:
         return remaining
 
     def _pump(self, cursors: list[_Cursor]) -> None:
-        """Send the lines of ``cursors``, interleaved, until none has more."""
+        """Send the lines of ``cursors``, interleaved, until none has more.
+
+        ``pipeline`` batches are in flight at once, numbered in an upload session
+        (``Instantml-Upload``), so that the server parses one while it commits the one
+        before, yet applies them in order. When a batch comes back with any event lacking a
+        final answer, the batches after it are waited for and everything from that event on
+        is sent again one batch at a time, then a new session starts."""
+        live = list(cursors)
+        session, seq = uuid.uuid4().hex, 0
+        pending: deque[tuple[list[_Item], Future[httpx.Response | httpx.HTTPError]]] = deque()
+        with ThreadPoolExecutor(self._pipeline, thread_name_prefix="instantml-upload") as pool:
+            try:
+                while True:
+                    while live and len(pending) < self._pipeline:
+                        items = self._next_batch(live)
+                        live = [c for c in live if not c.exhausted]
+                        if items:
+                            position = f"{session}/{seq}"
+                            pending.append((items, pool.submit(self._post, items, position)))
+                            seq += 1
+                    if not pending:
+                        return
+                    items, future = pending.popleft()
+                    answered = self._settle(items, future.result())
+                    _ack(items[:answered])
+                    if answered < len(items):
+                        rest = items[answered:]
+                        while pending:  # these may have been refused, or applied: both fine
+                            later, future = pending.popleft()
+                            future.result()
+                            rest += later
+                        self._send(rest)
+                        _ack(rest)
+                        session, seq = uuid.uuid4().hex, 0
+                    if self._on_progress:
+                        with self._stats_lock:
+                            self._on_progress(self.stats)
+            finally:
+                for _, future in pending:
+                    future.cancel()
+
+    def _next_batch(self, live: list[_Cursor]) -> list[_Item]:
+        share = max(1, self._batch_events // max(1, len(live)))
+        read_bytes = max(_MIN_READ, self._batch_bytes // max(1, len(live)))
+        items: list[_Item] = []
+        for cursor in live:
+            items += cursor.take(share, read_bytes)
+        return items
+
+    def _post(self, items: list[_Item], position: str) -> httpx.Response | httpx.HTTPError:
         try:
-            live = list(cursors)
-            while live and not self._halt.is_set():
-                share = max(1, self._batch_events // len(live))
-                read_bytes = max(_MIN_READ, self._batch_bytes // len(live))
-                batch: list[tuple[_Cursor, bytes]] = []
-                for cursor in live:
-                    batch.extend((cursor, line) for line in cursor.take(share, read_bytes))
-                live = [c for c in live if not c.exhausted]
-                if not batch:
-                    continue
-                self._send(batch)
-                for cursor in {id(c): c for c, _ in batch}.values():
-                    cursor.ack()
-                if self._on_progress:
-                    with self._stats_lock:
-                        self._on_progress(self.stats)
-        except BaseException:
-            self._halt.set()
-            raise
+            return self._client.post(
+                "/api/ingest",
+                content=b'{"events":[' + b",".join([line for _, line, _ in items]) + b"]}",
+                headers={UPLOAD_ORDER_HEADER: position},
+            )
+        except httpx.HTTPError as exc:
+            return exc
+
+    def _settle(self, items: list[_Item], response: httpx.Response | httpx.HTTPError) -> int:
+        """Count the answers of a pipelined batch; how many leading events have a final one
+        (the rest go again). Raises UploadStopped when the server will take no more."""
+        if isinstance(response, httpx.HTTPError):
+            self._note(f"server unreachable ({type(response).__name__}); retrying")
+            return 0
+        self._stop_if_refused(response)
+        if response.status_code != 200:
+            return 0
+        return self._answers(items, orjson.loads(response.content)["results"])
+
+    def _stop_if_refused(self, response: httpx.Response) -> None:
+        status = response.status_code
+        scope = response.headers.get("x-instantml-ratelimit-scope", "")
+        if status in (401, 403) or (status == 429 and scope == "monthly"):
+            raise UploadStopped(f"server refused the upload ({status}): {_error(response)}")
+
+    def _answers(self, items: list[_Item], results: list[dict[str, Any]]) -> int:
+        """Record each event's answer, in order, up to the first that is not final."""
+        final = delivered = replayed = 0
+        for (cursor, line, _), result in zip(items, results, strict=True):
+            code = result["status"]
+            body = result.get("body") or {}
+            if code == 429 and body.get("scope") == "monthly":
+                self._count(delivered=delivered, replayed=replayed)
+                raise UploadStopped(f"server refused the upload (429): {body.get('error')}")
+            if not is_final(code):
+                break  # this and every later event go again, in order
+            if code < 300:
+                if result.get("replayed"):
+                    replayed += 1
+                else:
+                    delivered += 1
+            else:
+                self._count(dead_lettered=1)
+                self._dead_letter(cursor.path, line, code, str(body.get("error")))
+            final += 1
+        self._count(delivered=delivered, replayed=replayed)
+        return final
 
     def _count(self, **counts: int) -> None:
         with self._stats_lock:
             for name, value in counts.items():
                 setattr(self.stats, name, getattr(self.stats, name) + value)
 
-    def _send(self, items: list[tuple[_Cursor, bytes]]) -> None:
-        """Deliver lines until each has a final answer (retrying what is transient).
+    def _send(self, items: list[_Item]) -> None:
+        """Deliver lines one batch at a time until each has a final answer (retrying what
+        is transient, with backoff).
 
         Lines go as they are, unparsed; only when the server finds the batch itself
         malformed (a torn or corrupt line in it) is each line checked, and what is not an
@@ -244,16 +330,14 @@ class Uploader:
             try:
                 response = self._client.post(
                     "/api/ingest",
-                    content=b'{"events":[' + b",".join([line for _, line in batch]) + b"]}",
+                    content=b'{"events":[' + b",".join([line for _, line, _ in batch]) + b"]}",
                 )
             except httpx.HTTPError as exc:
                 self._note(f"server unreachable ({type(exc).__name__}); retrying")
                 delay = self._backoff(delay)
                 continue
+            self._stop_if_refused(response)
             status = response.status_code
-            scope = response.headers.get("x-instantml-ratelimit-scope", "")
-            if status in (401, 403) or (status == 429 and scope == "monthly"):
-                raise UploadStopped(f"server refused the upload ({status}): {_error(response)}")
             if status == 413 and cap > 1:
                 cap = max(1, cap // 2)
                 continue
@@ -262,45 +346,27 @@ class Uploader:
                 events = events[:sent] + self._events_only(events[sent:])
                 cap = max(1, len(events) - sent)
                 continue
-            if status in _RETRY or status >= 500:
+            if not is_final(status):
                 self._note(f"server answered {status}; retrying")
                 delay = self._backoff(delay, response.headers.get("retry-after"))
                 continue
             if status != 200:
                 raise UploadStopped(f"server refused a batch ({status}): {_error(response)}")
-            final = delivered = replayed = 0
-            for (cursor, line), result in zip(
-                batch, orjson.loads(response.content)["results"], strict=True
-            ):
-                code = result["status"]
-                body = result.get("body") or {}
-                if code == 429 and body.get("scope") == "monthly":
-                    raise UploadStopped(f"server refused the upload (429): {body.get('error')}")
-                if code in _RETRY or code >= 500:
-                    break  # this and every later event go again, in order
-                if code < 300:
-                    if result.get("replayed"):
-                        replayed += 1
-                    else:
-                        delivered += 1
-                else:
-                    self._count(dead_lettered=1)
-                    self._dead_letter(cursor.path, line, code, str(body.get("error")))
-                final += 1
-            self._count(delivered=delivered, replayed=replayed)
+            final = self._answers(batch, orjson.loads(response.content)["results"])
             sent += final
             delay = 0.1 if final == len(batch) else self._backoff(delay)
 
-    def _events_only(self, items: list[tuple[_Cursor, bytes]]) -> list[tuple[_Cursor, bytes]]:
+    def _events_only(self, items: list[_Item]) -> list[_Item]:
         """The items whose line is an event; the others go to the dead-letter file."""
         kept = []
-        for cursor, line in items:
+        for item in items:
+            cursor, line, _ = item
             try:
                 event = orjson.loads(line)
             except orjson.JSONDecodeError:
                 event = None
             if isinstance(event, dict) and isinstance(event.get("event_id"), str):
-                kept.append((cursor, line))
+                kept.append(item)
             else:
                 self._count(torn=1)
                 self._dead_letter(cursor.path, line, None, "not an event: a torn or corrupt line")

@@ -4,8 +4,11 @@ One engine means one transaction covers a write, its Idempotency-Key record and 
 its usage count, so a crash can never keep one without the other. Only the server's
 writer thread calls :meth:`DuckDBStore.apply`; reads use one cursor per thread.
 
-Points are keyed by integer series ids (run, kind, key) so that the primary key that
-makes a rewrite replace rather than add a row stays small.
+Points are keyed by integer series ids (run, kind, key). Rank points have no primary
+key: its index cost a quarter of every ingest and most of the memory. A point is unique
+by construction instead: the store knows each (series, rank)'s newest committed step, so
+a point beyond it is new (nearly all of them), and one at or before it may rewrite an
+existing point, which is deleted in the same transaction before the new one goes in.
 """
 
 from __future__ import annotations
@@ -74,8 +77,8 @@ CREATE TABLE IF NOT EXISTS rank_points (
     series_id INTEGER NOT NULL, step BIGINT NOT NULL, rank SMALLINT NOT NULL,
     world_size SMALLINT NOT NULL, local_rank SMALLINT, value DOUBLE NOT NULL,
     weight DOUBLE NOT NULL, ts DOUBLE NOT NULL,
-    delta DOUBLE, z DOUBLE, robust_z DOUBLE,  -- kept by duckdb_summary.refresh
-    PRIMARY KEY (series_id, step, rank));
+    delta DOUBLE, z DOUBLE, robust_z DOUBLE  -- kept by duckdb_summary.refresh
+    );  -- one row per (series_id, step, rank): see the module docstring
 CREATE TABLE IF NOT EXISTS scalar_points (
     series_id INTEGER NOT NULL, step BIGINT NOT NULL, value DOUBLE NOT NULL,
     ts DOUBLE NOT NULL, preview BOOLEAN NOT NULL, PRIMARY KEY (series_id, step));
@@ -128,6 +131,7 @@ _RANK_COLUMNS = {
     "delta": np.float64,  # NaN: not computed yet (the step is stale)
     "z": np.float64,
     "robust_z": np.float64,
+    "seq": np.int64,  # staging order (not stored): the later write of a point wins
 }
 _IDEMPOTENCY_COLUMNS = {
     "org_id": np.int32,
@@ -153,6 +157,9 @@ class _Batch:
         self.rank_chunks: list[dict[str, np.ndarray]] = []
         self.stats_chunks: list[dict[str, np.ndarray]] = []  # steps computed while staging
         self.last_step: dict[int, int] = {}  # series -> newest step staged or committed
+        self.rewrites: list[tuple[int, int, int]] = []  # points that may exist already
+        self.points_frame: dict[str, np.ndarray] | None = None
+        self.seq = 0  # staging order of points: the later write of a point wins
         self.idem_chunks: list[dict[str, Any]] = []
         # Keys of the idem_chunks, to answer a repeat later in the same group: slot -> index.
         self.chunk_keys: list[tuple[dict[tuple[int, int, int], int], dict[str, Any]]] = []
@@ -176,12 +183,16 @@ class _Batch:
         sids, steps, ranks = zip(*self.rank)
         sizes, locals_, values, weights, stamps = zip(*self.rank.values())
         unknown = [math.nan] * len(sids)
+        order = list(range(self.seq, self.seq + len(sids)))
+        self.seq += len(sids)
         self.rank_chunks.append(
             {
                 name: np.array(column, dtype=dtype)
                 for (name, dtype), column in zip(
                     _RANK_COLUMNS.items(),
-                    (sids, steps, ranks, sizes, locals_, values, weights, stamps) + (unknown,) * 3,
+                    (sids, steps, ranks, sizes, locals_, values, weights, stamps)
+                    + (unknown,) * 3
+                    + (order,),
                     strict=True,
                 )
             }
@@ -248,12 +259,16 @@ class DuckDBStore:
             "SELECT DISTINCT series_id, step FROM stale_steps"
         ).fetchall():
             self._stale.setdefault(sid, set()).add(step)
-        # Each rank series' newest step: a write beyond it brings whole new steps.
-        self._last_step: dict[int, int] = dict(
-            self._con.execute(
-                "SELECT series_id, max(step) FROM rank_points GROUP BY series_id"
-            ).fetchall()
-        )
+        # Each rank series' newest step (a write beyond it brings whole new steps), and
+        # each of its ranks' (a point beyond it is new, not a rewrite).
+        self._rank_last: dict[int, np.ndarray] = {}
+        newest = self._con.execute(
+            "SELECT series_id, rank, max(step) AS step FROM rank_points GROUP BY series_id, rank"
+        ).fetchnumpy()
+        _raise_rank_last(self._rank_last, newest["series_id"], newest["rank"], newest["step"])
+        self._last_step: dict[int, int] = {
+            sid: int(steps.max()) for sid, steps in self._rank_last.items()
+        }
         self._next_run = 1 + max(self._runs.values(), default=0)
         self._next_series = 1 + max(self._series.values(), default=0)
         (self._next_attr,) = _first(
@@ -412,9 +427,9 @@ class DuckDBStore:
     # ---- the write path (the writer thread only) ----
 
     def apply(self, envelopes: list[Envelope], replace: bool = False) -> list[Outcome]:
-        """Apply a group in one transaction. Points are first written with a plain INSERT
-        (half the cost of an upsert); a point written before makes that fail, and the group
-        is applied again with INSERT OR REPLACE, so the latest write still wins."""
+        """Apply a group in one transaction. Scalar points are first written with a plain
+        INSERT (half the cost of an upsert); a point written before makes that fail, and
+        the group is applied again with INSERT OR REPLACE, so the latest write still wins."""
         con = self._con
         batch = _Batch()
         con.execute("BEGIN TRANSACTION")
@@ -453,6 +468,9 @@ class DuckDBStore:
         for sid, steps in batch.stale.items():
             self._stale.setdefault(sid, set()).update(steps)
         self._last_step.update(batch.last_step)  # each only ever grows
+        if batch.points_frame is not None:
+            frame = batch.points_frame
+            _raise_rank_last(self._rank_last, frame["series_id"], frame["rank"], frame["step"])
         for sid, steps in batch.refreshed.items():
             remaining = self._stale.get(sid, set()) - steps
             if remaining:
@@ -579,7 +597,10 @@ class DuckDBStore:
             "local_rank": np.array(write.local_ranks, dtype=np.int16),
             "weight": np.array(write.weights, dtype=np.float64),
             "ts": np.array(write.timestamps, dtype=np.float64),
+            "seq": batch.seq + np.arange(n, dtype=np.int64),
         }
+        batch.seq += n
+        by_series: dict[int, list[dict[str, np.ndarray]]] = {}
         for (run_id, keys), members in groups.items():
             seq = runs[run_id]
             assert seq is not None
@@ -592,12 +613,17 @@ class DuckDBStore:
             picked = {name: column[rows] for name, column in columns.items()}
             for j, key in enumerate(keys):
                 sid = self._series_id(seq, RANK, key, batch)
-                self._stage_points(sid, picked, values[:, j], batch)
+                sids = np.full(len(members), sid, dtype=np.int32)
+                by_series.setdefault(sid, []).append(
+                    dict(picked, series_id=sids, value=values[:, j])
+                )
             size, last = batch.run_extent.get(seq, (0, -1))
             batch.run_extent[seq] = (
                 max(size, int(picked["world_size"].max())),
                 max(last, int(picked["step"].max())),
             )
+        for sid, chunks in by_series.items():
+            self._stage_points(sid, _latest_points(chunks) if len(chunks) > 1 else chunks[0], batch)
         batch.points[org] = batch.points.get(org, 0) + total
         bodies = [_accepted_text(c) for c in counts]
         chunk_keys = {
@@ -612,32 +638,46 @@ class DuckDBStore:
         batch.chunk_keys.append((index, chunk_keys))
         return [_accepted(c) for c in counts]
 
-    def _stage_points(
-        self, sid: int, columns: dict[str, np.ndarray], values: np.ndarray, batch: _Batch
-    ) -> None:
+    def _stage_points(self, sid: int, points: dict[str, np.ndarray], batch: _Batch) -> None:
         """Stage one key's points of a RankEvents write. Steps newer than any the key has
         (the usual case: an uploader's batch holds the same new steps of every rank) get
-        their reducers and scores computed here; older steps are marked stale for the
-        refresh, which recomputes them from every point the step has."""
-        steps = columns["step"]
+        their reducers and scores computed here, from the last write of each rank; older
+        steps are marked stale for the refresh, which recomputes them from every point the
+        step has."""
+        if not _one_point_per_rank(points["step"], points["rank"]):
+            points = _latest_points([points])
+        steps, ranks = points["step"], points["rank"]
         last = self._last_step_of(sid, batch)
         fresh = steps > last
-        chunk = dict(columns, series_id=np.full(len(steps), sid, dtype=np.int32), value=values)
         scores = np.full((3, len(steps)), np.nan)
-        if fresh.any() and _one_point_per_rank(steps[fresh], columns["rank"][fresh]):
+        if fresh.any():
             stats, delta, z, robust = step_stats(
-                steps[fresh], values[fresh], columns["weight"][fresh], columns["world_size"][fresh]
+                steps[fresh],
+                points["value"][fresh],
+                points["weight"][fresh],
+                points["world_size"][fresh],
             )
             scores[:, fresh] = delta, z, robust
             stats["series_id"] = np.full(len(stats["step"]), sid, dtype=np.int32)
             batch.stats_chunks.append(stats)
-        else:
-            fresh[:] = False
-        chunk["delta"], chunk["z"], chunk["robust_z"] = scores
-        batch.rank_chunks.append({name: chunk[name] for name in _RANK_COLUMNS})
+        points = dict(points)
+        points["delta"], points["z"], points["robust_z"] = scores
+        batch.rank_chunks.append(points)
         if not fresh.all():
             batch.stale.setdefault(sid, set()).update(np.unique(steps[~fresh]).tolist())
         batch.last_step[sid] = max(last, int(steps.max()))
+        known = self._rank_last.get(sid)
+        if known is not None:  # the key has points: any of these may rewrite one
+            wide = ranks.astype(np.int64)
+            missing = int(wide.max()) + 1 - len(known)
+            newest = np.r_[known, np.full(missing, -1)] if missing > 0 else known
+            old = np.flatnonzero(steps <= newest[wide])
+            batch.rewrites.extend(zip(repeat(sid), steps[old].tolist(), wide[old].tolist()))
+
+    def _rank_last_of(self, sid: int, rank: int) -> int:
+        """The newest committed step of (series, rank); -1 if none."""
+        known = self._rank_last.get(sid)
+        return int(known[rank]) if known is not None and rank < len(known) else -1
 
     def _last_step_of(self, sid: int, batch: _Batch) -> int:
         last = batch.last_step.get(sid)
@@ -692,6 +732,24 @@ class DuckDBStore:
         key_filter.add(keys["org_id"].astype(np.int64), keys["key_hi"], keys["key_lo"])
         return key_filter
 
+    def _delete_points(self, points: list[tuple[int, int, int]]) -> None:
+        """Delete these (series, step, rank) points where they exist: a rewrite's old row."""
+        sids, steps, ranks = (np.array(c, dtype=np.int64) for c in zip(*points))
+        frame: dict[str, np.ndarray] = {
+            "series_id": sids.astype(np.int32),
+            "step": steps,
+            "rank": ranks.astype(np.int16),
+        }
+        with self._frame("rewrites", frame) as (source, params):
+            # The ranges let zone maps skip the row groups no rewrite can be in.
+            self._con.execute(
+                f"DELETE FROM rank_points USING {source} WHERE"
+                " rank_points.series_id = rewrites.series_id AND rank_points.step = rewrites.step"
+                " AND rank_points.rank = rewrites.rank"
+                " AND rank_points.series_id BETWEEN ? AND ? AND rank_points.step BETWEEN ? AND ?",
+                [*params, int(sids.min()), int(sids.max()), int(steps.min()), int(steps.max())],
+            )
+
     @contextmanager
     def _rows(
         self, name: str, columns: dict[str, tuple[list[Any], Any]]
@@ -731,6 +789,8 @@ class DuckDBStore:
                 sid = self._series_id(seq, RANK, key, batch)
                 batch.stale.setdefault(sid, set()).add(write.step)
                 batch.last_step[sid] = max(self._last_step_of(sid, batch), write.step)
+                if write.step <= self._rank_last_of(sid, write.rank):
+                    batch.rewrites.append((sid, write.step, write.rank))
                 batch.rank[(sid, write.step, write.rank)] = (
                     write.world_size,
                     -1 if write.local_rank is None else write.local_rank,
@@ -877,9 +937,12 @@ class DuckDBStore:
         self._next_run += len(batch.new_runs)
         batch.seal_rank_rows()
         if batch.rank_chunks:
-            with self._frame("rank_batch", _latest_points(batch.rank_chunks)) as (source, params):
+            if batch.rewrites:
+                self._delete_points(batch.rewrites)
+            batch.points_frame = _latest_points(batch.rank_chunks)
+            with self._frame("rank_batch", batch.points_frame) as (source, params):
                 con.execute(
-                    f"INSERT {'OR REPLACE ' if replace else ''}INTO rank_points"
+                    "INSERT INTO rank_points"
                     " (series_id, step, rank, world_size, local_rank, value, weight, ts,"
                     " delta, z, robust_z)"
                     " SELECT series_id, step, rank, world_size, nullif(local_rank, -1), value,"
@@ -1121,12 +1184,12 @@ def _accepted(accepted: int) -> Outcome:
 
 
 def _latest_points(chunks: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """The staged points as one frame, keeping only the last write of each (series, step,
-    rank): one INSERT may not carry a key twice."""
-    frame = {name: np.concatenate([c[name] for c in chunks]) for name in _RANK_COLUMNS}
+    """Staged points as one frame, keeping only the latest write (highest ``seq``) of each
+    (series, step, rank): one INSERT may not carry a point twice."""
+    names = chunks[0].keys()
+    frame = {name: np.concatenate([c[name] for c in chunks]) for name in names}
     sid, step, rank = frame["series_id"], frame["step"], frame["rank"]
-    # Stable sort by key: equal keys keep their staging order, so the last is the latest.
-    order = np.lexsort((rank, step, sid))
+    order = np.lexsort((frame["seq"], rank, step, sid))
     s_sid, s_step, s_rank = sid[order], step[order], rank[order]
     last = np.ones(len(order), dtype=bool)
     last[:-1] = (
@@ -1136,6 +1199,28 @@ def _latest_points(chunks: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]
         return frame
     keep = np.sort(order[last])
     return {name: column[keep] for name, column in frame.items()}
+
+
+def _raise_rank_last(
+    rank_last: dict[int, np.ndarray], sids: np.ndarray, ranks: np.ndarray, steps: np.ndarray
+) -> None:
+    """Raise each (series, rank)'s newest step to the given points' where they are newer."""
+    if not len(sids):
+        return
+    order = np.lexsort((ranks, sids))
+    sids, ranks, steps = sids[order], ranks[order].astype(np.int64), steps[order]
+    starts = np.flatnonzero(np.r_[True, sids[1:] != sids[:-1]])
+    for start, end in zip(starts, np.r_[starts[1:], len(sids)], strict=True):
+        sid = int(sids[start])
+        r, s = ranks[start:end], steps[start:end].astype(np.int64)
+        known = rank_last.get(sid)
+        size = int(r.max()) + 1
+        if known is None or len(known) < size:
+            grown = np.full(max(size, 0 if known is None else len(known)), -1, dtype=np.int64)
+            if known is not None:
+                grown[: len(known)] = known
+            known = rank_last[sid] = grown
+        np.maximum.at(known, r, s)
 
 
 def _one_point_per_rank(steps: np.ndarray, ranks: np.ndarray) -> bool:

@@ -3,17 +3,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
+import msgspec
 from fastapi import APIRouter, Depends, Request
 
+from ...protocol import UPLOAD_ORDER_HEADER, is_final
 from ...storage.base import ApiKeyRecord, Envelope
-from .. import idempotency, schemas, writes
+from .. import idempotency, rank_events, schemas, upload_order, writes
 from ..apply import apply_writes
 from ..auth import require
-from ..body import read_json_object
+from ..body import parse_object, parse_value, read_body
 from ..errors import ApiError
-from ..rank_events import RankEventsBuilder
 from ..responses import JSONResponse
 
 router = APIRouter()
@@ -41,23 +43,50 @@ def _event(org_id: int, event: Any, index: int) -> tuple[Any, Envelope]:
 
 @router.post("/api/ingest", openapi_extra=schemas.INGEST)
 async def ingest(request: Request, key: Ingest) -> JSONResponse:
-    body = await read_json_object(request)
-    events = body.get("events")
-    if not isinstance(events, list):
-        raise ApiError(422, "events must be a list")
+    header = request.headers.get(UPLOAD_ORDER_HEADER)
+    if header is None:
+        return JSONResponse({"results": await _ingest(request, key, None)})
+    session, seq = upload_order.parse(header)
+    order: upload_order.UploadOrder = request.app.state.upload_order
+    clean = False
+    try:
+        results = await _ingest(request, key, lambda: order.turn(session, seq))
+        clean = all(is_final(result["status"]) for result in results)
+    finally:
+        await order.done(session, seq, clean)
+    return JSONResponse({"results": results})
+
+
+async def _ingest(
+    request: Request, key: ApiKeyRecord, turn: Callable[[], Awaitable[None]] | None
+) -> list[dict[str, Any]]:
+    """Check every event, wait for ``turn`` (if any), apply, answer each event."""
+    raw = await read_body(request)
+    events: list[Any] | None = rank_events.decode_batch(raw)
+    if events is None:  # not plainly {"events": [...]}: the general parser says what is wrong
+        body = parse_object(raw)
+        events = body.get("events")
+        if not isinstance(events, list):
+            raise ApiError(422, "events must be a list")
     limit = request.app.state.settings.max_batch_events
     if len(events) > limit:
         raise ApiError(413, f"events: at most {limit} events per batch, got {len(events)}")
     results: list[dict[str, Any]] = []
     envelopes: list[Envelope] = []
-    columns = RankEventsBuilder(key.org_id)  # runs of plain rank-metrics events
+    columns = rank_events.RankEventsBuilder(key.org_id)  # runs of plain rank-metrics events
+    raw_events: list[msgspec.Raw] | None = None
     for index, event in enumerate(events):
-        event_id = columns.take(event)
-        if event_id is not None:
-            results.append({"event_id": event_id})
+        if type(event) is rank_events.RankEvent and columns.take(event):
+            results.append({"event_id": event.event_id})
             continue
         if len(columns):
             envelopes.append(Envelope(columns.build()))
+        if type(event) is rank_events.RankEvent:  # decoded, but not ours: as it was sent
+            if raw_events is None:
+                raw_events = rank_events.raw_events(raw)
+            event = raw_events[index]
+        if type(event) is msgspec.Raw:
+            event = parse_value(bytes(event))
         try:
             event_id, envelope = _event(key.org_id, event, index)
         except ApiError as exc:
@@ -72,6 +101,8 @@ async def ingest(request: Request, key: Ingest) -> JSONResponse:
         envelopes.append(envelope)
     if len(columns):
         envelopes.append(Envelope(columns.build()))
+    if turn is not None:
+        await turn()
     outcomes = iter(await apply_writes(request, key.org_id, envelopes))
     for result in results:
         if "status" not in result:
@@ -82,4 +113,4 @@ async def ingest(request: Request, key: Ingest) -> JSONResponse:
                 result["status"], result["body"] = outcome.status, outcome.body
                 if outcome.replayed:
                     result["replayed"] = True
-    return JSONResponse({"results": results})
+    return results
