@@ -45,8 +45,11 @@ def test_demo_then_ranks(tmp_path: Path) -> None:
         assert step_time["coverage"]["missing"] == [
             {"rank": 3, "last_seen_step": 36, "first_missing_step": 37}
         ]
-        assert step_time["ranks"][0]["rank"] == 5  # the slow, noisy rank heads the rollup
+        # Rank 5 is the slow one: the furthest above the mean. (Its step times are measured,
+        # so under load another rank may be as noisy by |z|; none is as slow.)
+        assert max(step_time["ranks"], key=lambda r: r["mean_delta"])["rank"] == 5
         loss = api.get(f"/api/runs/{run_id}/distributed", params={"key": "train/loss"}).json()
+        assert loss["ranks"][0]["rank"] == 5  # the noisy shard heads the rollup (seeded data)
         steps = loss["steps"]
         assert any(abs(s["weighted_mean"] - s["mean"]) > 1e-6 for s in steps)  # rank 7's big batch
         out = subprocess.run(

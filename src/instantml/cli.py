@@ -184,7 +184,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep going until every writer has finished and all is delivered",
     )
     sync.add_argument("--quiet-if-running", action="store_true", help=argparse.SUPPRESS)
-    sync.add_argument("--batch-events", type=int, default=5_000, help="events per request")
+    sync.add_argument(
+        "--batch-events",
+        type=int,
+        default=10_000,
+        help="events per request (10,000: the most any server must take)",
+    )
     sync.set_defaults(func=_cmd_sync)
 
     from .cli_admin import add_commands

@@ -23,7 +23,7 @@ from ..validation import MAX_STEP, MAX_WORLD_SIZE
 MetricName = Annotated[str, Meta(min_length=1, max_length=128)]
 
 
-class RankBody(msgspec.Struct):
+class RankBody(msgspec.Struct, gc=False):
     metrics: Annotated[dict[MetricName, float], Meta(min_length=1)]
     step: Annotated[int, Meta(ge=0, le=MAX_STEP)]
     rank: Annotated[int, Meta(ge=0, lt=MAX_WORLD_SIZE)]

@@ -25,13 +25,15 @@ from .idempotency import MAX_KEY_LENGTH, key_hash, typed_fingerprint
 from .rank_body import RankBody, rank_route
 
 
-class _Request(msgspec.Struct):
+# gc=False: these hold no cycles, and a batch makes tens of thousands of them; the cyclic
+# collector need not track (or walk) any.
+class _Request(msgspec.Struct, gc=False):
     method: str
     path: str
     body: RankBody
 
 
-class RankEvent(msgspec.Struct):
+class RankEvent(msgspec.Struct, gc=False):
     event_id: Annotated[str, Meta(min_length=1, max_length=MAX_KEY_LENGTH)]
     request: _Request
 

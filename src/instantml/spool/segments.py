@@ -14,6 +14,7 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 
 SEGMENTS = "segments"
@@ -97,14 +98,10 @@ def read_lines(path: Path, start: int, max_bytes: int = 32 * 1024 * 1024) -> Chu
         handle.seek(start)
         data = handle.read(max_bytes)
     cut = data.rfind(b"\n") + 1
-    lines, ends = [], []
-    pos = 0
-    body = data[:cut]
-    while pos < cut:
-        nl = body.index(b"\n", pos)
-        if nl > pos:
-            lines.append(body[pos:nl])
-            ends.append(start + nl + 1)
-        pos = nl + 1
+    parts = data[:cut].split(b"\n")[:-1]  # split and accumulate run in C, not per line
+    ends = [start + length + i for i, length in enumerate(accumulate(map(len, parts)), 1)]
+    if b"" in parts:  # blank lines (after a short write's fragment): nothing to send
+        kept = [(line, end) for line, end in zip(parts, ends, strict=True) if line]
+        parts, ends = [line for line, _ in kept], [end for _, end in kept]
     torn = data[cut:] if len(data) < max_bytes else b""
-    return Chunk(lines, ends, start + cut, torn)
+    return Chunk(parts, ends, start + cut, torn)

@@ -96,6 +96,18 @@ def _ack(items: list[_Item]) -> None:
         cursor.ack(end)
 
 
+def _ack_runs(items: list[_Item], runs: list[int], answered: int) -> None:
+    """:func:`_ack` for the first ``answered`` items of a batch whose segments' runs of
+    lines end at the indexes ``runs``: per segment, not per line."""
+    start = 0
+    for stop in runs:
+        if answered <= start:
+            return
+        cursor, _, end = items[min(stop, answered) - 1]
+        cursor.ack(end)
+        start = stop
+
+
 class UploadStopped(Exception):
     """The server will not take more from this spool (bad key, monthly limit): stop, keep it."""
 
@@ -121,7 +133,7 @@ class Uploader:
         base_url: str,
         api_key: str | None,
         *,
-        batch_events: int = 5_000,
+        batch_events: int = 10_000,
         batch_bytes: int = 8 * 1024 * 1024,
         timeout: float = 60.0,
         max_backoff: float = 5.0,
@@ -218,26 +230,28 @@ class Uploader:
         is sent again one batch at a time, then a new session starts."""
         live = list(cursors)
         session, seq = uuid.uuid4().hex, 0
-        pending: deque[tuple[list[_Item], Future[httpx.Response | httpx.HTTPError]]] = deque()
+        pending: deque[tuple[list[_Item], list[int], Future[httpx.Response | httpx.HTTPError]]]
+        pending = deque()
         with ThreadPoolExecutor(self._pipeline, thread_name_prefix="instantml-upload") as pool:
             try:
                 while True:
                     while live and len(pending) < self._pipeline:
-                        items = self._next_batch(live)
+                        items, runs = self._next_batch(live)
                         live = [c for c in live if not c.exhausted]
                         if items:
                             position = f"{session}/{seq}"
-                            pending.append((items, pool.submit(self._post, items, position)))
+                            future = pool.submit(self._post, items, position)
+                            pending.append((items, runs, future))
                             seq += 1
                     if not pending:
                         return
-                    items, future = pending.popleft()
+                    items, runs, future = pending.popleft()
                     answered = self._settle(items, future.result())
-                    _ack(items[:answered])
+                    _ack_runs(items, runs, answered)
                     if answered < len(items):
                         rest = items[answered:]
                         while pending:  # these may have been refused, or applied: both fine
-                            later, future = pending.popleft()
+                            later, _, future = pending.popleft()
                             future.result()
                             rest += later
                         self._send(rest)
@@ -247,16 +261,21 @@ class Uploader:
                         with self._stats_lock:
                             self._on_progress(self.stats)
             finally:
-                for _, future in pending:
+                for _, _, future in pending:
                     future.cancel()
 
-    def _next_batch(self, live: list[_Cursor]) -> list[_Item]:
+    def _next_batch(self, live: list[_Cursor]) -> tuple[list[_Item], list[int]]:
+        """A batch's lines, and where each segment's run of them ends."""
         share = max(1, self._batch_events // max(1, len(live)))
         read_bytes = max(_MIN_READ, self._batch_bytes // max(1, len(live)))
         items: list[_Item] = []
+        runs: list[int] = []
         for cursor in live:
-            items += cursor.take(share, read_bytes)
-        return items
+            taken = cursor.take(share, read_bytes)
+            if taken:
+                items += taken
+                runs.append(len(items))
+        return items, runs
 
     def _post(self, items: list[_Item], position: str) -> httpx.Response | httpx.HTTPError:
         try:
@@ -287,6 +306,13 @@ class Uploader:
 
     def _answers(self, items: list[_Item], results: list[dict[str, Any]]) -> int:
         """Record each event's answer, in order, up to the first that is not final."""
+        if len(results) != len(items):
+            raise UploadStopped(f"server answered {len(results)} events of {len(items)}")
+        statuses = [result["status"] for result in results]
+        if statuses and min(statuses) >= 200 and max(statuses) < 300:  # all applied: counts
+            replayed = [result.get("replayed", False) for result in results].count(True)
+            self._count(delivered=len(results) - replayed, replayed=replayed)
+            return len(results)
         final = delivered = replayed = 0
         for (cursor, line, _), result in zip(items, results, strict=True):
             code = result["status"]

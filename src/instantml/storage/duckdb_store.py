@@ -161,8 +161,9 @@ class _Batch:
         self.points_frame: dict[str, np.ndarray] | None = None
         self.seq = 0  # staging order of points: the later write of a point wins
         self.idem_chunks: list[dict[str, Any]] = []
-        # Keys of the idem_chunks, to answer a repeat later in the same group: slot -> index.
-        self.chunk_keys: list[tuple[dict[tuple[int, int, int], int], dict[str, Any]]] = []
+        # The idem_chunks' keys as slot -> row, built when a later write of the same group
+        # first needs to look one up (rare: the group's other writes carry other keys).
+        self._chunk_index: list[dict[tuple[int, int, int], int]] = []
         self.stored_keys: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self.scalar: dict[tuple[int, int], tuple[float, float, bool]] = {}
         self.attributes: list[tuple[int, str | None, str | None, int | None, str, float]] = []
@@ -199,13 +200,22 @@ class _Batch:
         )
         self.rank = {}
 
+    def chunk_index(self, number: int) -> dict[tuple[int, int, int], int]:
+        while len(self._chunk_index) <= number:
+            chunk = self.idem_chunks[len(self._chunk_index)]
+            slots = zip(
+                chunk["org_id"].tolist(), chunk["key_hi"].tolist(), chunk["key_lo"].tolist()
+            )
+            self._chunk_index.append(dict(zip(slots, range(len(chunk["key_hi"])))))
+        return self._chunk_index[number]
+
     def staged_key(self, slot: tuple[int, int, int]) -> tuple[int, int, str] | None:
         """The answer staged in this group for an Idempotency-Key, if any."""
         seen = self.idempotency.get(slot)
         if seen is not None:
             return seen
-        for index, chunk in self.chunk_keys:
-            i = index.get(slot)
+        for number, chunk in enumerate(self.idem_chunks):
+            i = self.chunk_index(number).get(slot)
             if i is not None:
                 return (
                     int(chunk["fingerprint"][i]),
@@ -566,26 +576,26 @@ class DuckDBStore:
         reach. Otherwise each event goes through :meth:`_apply_envelope`, in order."""
         org = write.org_id
         n = len(write)
-        index = dict(zip(zip(repeat(org, n), write.key_hi, write.key_lo), range(n)))
-        counts = [len(m) for m in write.metrics]
+        key_hi = np.array(write.key_hi, dtype=np.int64)
+        key_lo = np.array(write.key_lo, dtype=np.int64)
+        names = set(map(tuple, write.metrics))  # each event's metric names, in order
+        counts = [len(next(iter(names)))] * n if len(names) == 1 else list(map(len, write.metrics))
         total = sum(counts)
         limit = self._limit(org)
         used = self._month_points(org, batch.month) + batch.points.get(org, 0)
         runs = {run_id: self._lookup_run(org, run_id, batch) for run_id in set(write.run_ids)}
         plain = (
-            len(index) == n
-            and None not in runs.values()
+            None not in runs.values()
             and (limit is None or used + total <= limit)
-            and (not known or index.keys().isdisjoint(known))
-            and (not batch.idempotency or index.keys().isdisjoint(batch.idempotency))
-            and all(index.keys().isdisjoint(other) for other, _ in batch.chunk_keys)
+            and _distinct_keys(key_hi, key_lo)
+            and self._all_new(org, write, known, batch)
         )
         if not plain:
             return [self._apply_envelope(e, batch, known, now) for e in write.envelopes()]
         # Group events by (run, metric names): each group is a matrix of values.
         groups: dict[tuple[str, tuple[str, ...]], list[int]] = {}
-        if len(runs) == 1 and len({tuple(m) for m in write.metrics}) == 1:
-            groups[(write.run_ids[0], tuple(write.metrics[0]))] = list(range(n))
+        if len(runs) == 1 and len(names) == 1:
+            groups[(write.run_ids[0], next(iter(names)))] = list(range(n))
         else:
             for i, (run_id, metrics) in enumerate(zip(write.run_ids, write.metrics)):
                 groups.setdefault((run_id, tuple(metrics)), []).append(i)
@@ -625,18 +635,37 @@ class DuckDBStore:
         for sid, chunks in by_series.items():
             self._stage_points(sid, _latest_points(chunks) if len(chunks) > 1 else chunks[0], batch)
         batch.points[org] = batch.points.get(org, 0) + total
-        bodies = [_accepted_text(c) for c in counts]
-        chunk_keys = {
-            "org_id": np.full(n, org, dtype=np.int32),
-            "key_hi": np.array(write.key_hi, dtype=np.int64),
-            "key_lo": np.array(write.key_lo, dtype=np.int64),
-            "fingerprint": np.array(write.fingerprints, dtype=np.int64),
-            "status": np.full(n, 200, dtype=np.int16),
-            "body": bodies,
-        }
-        batch.idem_chunks.append(chunk_keys)
-        batch.chunk_keys.append((index, chunk_keys))
-        return [_accepted(c) for c in counts]
+        uniform = len(names) == 1
+        batch.idem_chunks.append(
+            {
+                "org_id": np.full(n, org, dtype=np.int32),
+                "key_hi": key_hi,
+                "key_lo": key_lo,
+                "fingerprint": np.array(write.fingerprints, dtype=np.int64),
+                "status": np.full(n, 200, dtype=np.int16),
+                "body": [_accepted_text(counts[0])] * n
+                if uniform
+                else [_accepted_text(c) for c in counts],
+            }
+        )
+        return [_accepted(counts[0])] * n if uniform else [_accepted(c) for c in counts]
+
+    def _all_new(
+        self,
+        org: int,
+        write: RankEvents,
+        known: dict[tuple[int, int, int], tuple[int, int, str]],
+        batch: _Batch,
+    ) -> bool:
+        """No key of ``write`` was stored before or staged earlier in this group."""
+        if not known and not batch.idempotency and not batch.idem_chunks:
+            return True  # the usual case: nothing to compare with
+        slots = set(zip(repeat(org), write.key_hi, write.key_lo))
+        return (
+            slots.isdisjoint(known)
+            and slots.isdisjoint(batch.idempotency)
+            and all(slots.isdisjoint(batch.chunk_index(i)) for i in range(len(batch.idem_chunks)))
+        )
 
     def _stage_points(self, sid: int, points: dict[str, np.ndarray], batch: _Batch) -> None:
         """Stage one key's points of a RankEvents write. Steps newer than any the key has
@@ -1221,6 +1250,13 @@ def _raise_rank_last(
                 grown[: len(known)] = known
             known = rank_last[sid] = grown
         np.maximum.at(known, r, s)
+
+
+def _distinct_keys(key_hi: np.ndarray, key_lo: np.ndarray) -> bool:
+    """No Idempotency-Key twice (a repeat within one batch is answered as a replay)."""
+    if len(np.unique(key_hi)) == len(key_hi):
+        return True
+    return len(set(zip(key_hi.tolist(), key_lo.tolist()))) == len(key_hi)
 
 
 def _one_point_per_rank(steps: np.ndarray, ranks: np.ndarray) -> bool:

@@ -71,13 +71,14 @@ async def _ingest(
     limit = request.app.state.settings.max_batch_events
     if len(events) > limit:
         raise ApiError(413, f"events: at most {limit} events per batch, got {len(events)}")
-    results: list[dict[str, Any]] = []
+    event_ids: list[str | None] = []
+    refused: dict[int, ApiError] = {}  # answered before anything is applied
     envelopes: list[Envelope] = []
     columns = rank_events.RankEventsBuilder(key.org_id)  # runs of plain rank-metrics events
     raw_events: list[msgspec.Raw] | None = None
     for index, event in enumerate(events):
         if type(event) is rank_events.RankEvent and columns.take(event):
-            results.append({"event_id": event.event_id})
+            event_ids.append(event.event_id)
             continue
         if len(columns):
             envelopes.append(Envelope(columns.build()))
@@ -91,26 +92,34 @@ async def _ingest(
             event_id, envelope = _event(key.org_id, event, index)
         except ApiError as exc:
             event_id = event.get("event_id") if isinstance(event, dict) else None
-            if type(event_id) is not str:
-                event_id = None
-            results.append(
-                {"event_id": event_id, "status": exc.status, "body": {"error": exc.message}}
-            )
+            event_ids.append(event_id if type(event_id) is str else None)
+            refused[index] = exc
             continue
-        results.append({"event_id": event_id})
+        event_ids.append(event_id)
         envelopes.append(envelope)
     if len(columns):
         envelopes.append(Envelope(columns.build()))
     if turn is not None:
         await turn()
     outcomes = iter(await apply_writes(request, key.org_id, envelopes))
-    for result in results:
-        if "status" not in result:
-            outcome = next(outcomes)
-            if outcome is None:
-                result["status"], result["body"] = 409, {"error": idempotency.IN_FLIGHT_ERROR}
-            else:
-                result["status"], result["body"] = outcome.status, outcome.body
-                if outcome.replayed:
-                    result["replayed"] = True
+    results: list[dict[str, Any]] = []
+    for index, event_id in enumerate(event_ids):
+        early = refused.get(index) if refused else None
+        if early is not None:
+            results.append(
+                {"event_id": event_id, "status": early.status, "body": {"error": early.message}}
+            )
+            continue
+        outcome = next(outcomes)
+        if outcome is None:
+            result = {
+                "event_id": event_id,
+                "status": 409,
+                "body": {"error": idempotency.IN_FLIGHT_ERROR},
+            }
+        else:
+            result = {"event_id": event_id, "status": outcome.status, "body": outcome.body}
+            if outcome.replayed:
+                result["replayed"] = True
+        results.append(result)
     return results
