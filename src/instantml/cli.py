@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +107,7 @@ def _cmd_sync(args: argparse.Namespace) -> int:
         with uploader:
             if progress:
                 progress[0].start()
+            started = time.perf_counter()
             try:
                 stats = uploader.run(
                     follow=args.follow, until_done=args.until_done, should_stop=lambda: stop
@@ -123,9 +125,9 @@ def _cmd_sync(args: argparse.Namespace) -> int:
             f"error: {exc}. The spool is intact; run `instantml sync` again once resolved.",
             file=sys.stderr,
         )
-        _print_sync(uploader.stats, args.spool_dir)
+        _print_sync(uploader.stats, args.spool_dir, time.perf_counter() - started)
         return 1
-    _print_sync(stats, args.spool_dir)
+    _print_sync(stats, args.spool_dir, time.perf_counter() - started)
     return 0
 
 
@@ -141,11 +143,13 @@ def _sync_progress() -> tuple[Any, Any]:
     return bar, update
 
 
-def _print_sync(stats: Any, spool_dir: str) -> None:
+def _print_sync(stats: Any, spool_dir: str, seconds: float) -> None:
+    answered = stats.delivered + stats.replayed + stats.dead_lettered
     print(
         f"synced {spool_dir}: {stats.delivered:,} events delivered, {stats.replayed:,} already"
         f" delivered, {stats.dead_lettered:,} refused (in dead-letter.jsonl),"
-        f" {stats.torn:,} torn lines skipped; {stats.segments_done} segments finished",
+        f" {stats.torn:,} torn lines skipped; {stats.segments_done} segments finished"
+        f" in {seconds:.2f} s ({answered / max(seconds, 1e-9):,.0f} events/s)",
         flush=True,
     )
 
