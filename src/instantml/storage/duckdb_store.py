@@ -538,7 +538,11 @@ class DuckDBStore:
         write = envelope.write
         if idem is not None:
             slot = (write.org_id, idem.key_hi, idem.key_lo)
-            seen = batch.staged_key(slot) or known.get(slot)
+            seen = batch.idempotency.get(slot)
+            if seen is None and batch.idem_chunks:
+                seen = batch.staged_key(slot)
+            if seen is None and known:
+                seen = known.get(slot)
             if seen is not None:
                 return _replay(seen, idem)
         if isinstance(write, (WriteRankPoints, WriteScalars)):
