@@ -619,8 +619,11 @@ class DuckDBStore:
             seq = runs[run_id]
             assert seq is not None
             rows: Any = np.array(members, dtype=np.int64) if len(groups) > 1 else slice(None)
+            group_metrics = (
+                write.metrics if len(groups) == 1 else [write.metrics[i] for i in members]
+            )
             values = np.fromiter(
-                chain.from_iterable(write.metrics[i].values() for i in members),
+                chain.from_iterable(map(dict.values, group_metrics)),
                 dtype=np.float64,
                 count=len(members) * len(keys),
             ).reshape(len(members), len(keys))
