@@ -117,19 +117,8 @@ def refresh(con: duckdb.DuckDBPyConnection, series_id: int, steps: list[int]) ->
     )
 
 
-_STEP_COLUMNS = (
-    "step",
-    "n",
-    "expected",
-    "mean",
-    "weighted_mean",
-    "min",
-    "max",
-    "std",
-    "p05",
-    "p50",
-    "p95",
-)
+# The reducers a summary answers with (mad and mean_ad only serve the robust score).
+_STEP_COLUMNS = tuple(c for c in STATS_COLUMNS if c not in ("mad", "mean_ad"))
 _MEANED = ("mean", "weighted_mean", "std", "p05", "p50", "p95")
 
 
