@@ -12,7 +12,6 @@ from __future__ import annotations
 import fcntl
 import os
 import random
-import threading
 import time
 import uuid
 from collections import deque
@@ -153,7 +152,6 @@ class Uploader:
         self._sleep = sleep
         self.stats = Stats()
         self._pipeline = max(1, pipeline)
-        self._stats_lock = threading.Lock()  # progress may be read from another thread
         self._lock_fd = -1
 
     # ---- one uploader per spool dir ----
@@ -258,8 +256,7 @@ class Uploader:
                         _ack(rest)
                         session, seq = uuid.uuid4().hex, 0
                     if self._on_progress:
-                        with self._stats_lock:
-                            self._on_progress(self.stats)
+                        self._on_progress(self.stats)
             finally:
                 for _, _, future in pending:
                     future.cancel()
@@ -308,36 +305,30 @@ class Uploader:
         """Record each event's answer, in order, up to the first that is not final."""
         if len(results) != len(items):
             raise UploadStopped(f"server answered {len(results)} events of {len(items)}")
+        stats = self.stats
         statuses = [result["status"] for result in results]
         if statuses and min(statuses) >= 200 and max(statuses) < 300:  # all applied: counts
             replayed = [result.get("replayed", False) for result in results].count(True)
-            self._count(delivered=len(results) - replayed, replayed=replayed)
+            stats.delivered += len(results) - replayed
+            stats.replayed += replayed
             return len(results)
-        final = delivered = replayed = 0
+        final = 0
         for (cursor, line, _), result in zip(items, results, strict=True):
             code = result["status"]
             body = result.get("body") or {}
             if code == 429 and body.get("scope") == "monthly":
-                self._count(delivered=delivered, replayed=replayed)
                 raise UploadStopped(f"server refused the upload (429): {body.get('error')}")
             if not is_final(code):
                 break  # this and every later event go again, in order
-            if code < 300:
-                if result.get("replayed"):
-                    replayed += 1
-                else:
-                    delivered += 1
-            else:
-                self._count(dead_lettered=1)
+            if code >= 300:
+                stats.dead_lettered += 1
                 self._dead_letter(cursor.path, line, code, str(body.get("error")))
+            elif result.get("replayed"):
+                stats.replayed += 1
+            else:
+                stats.delivered += 1
             final += 1
-        self._count(delivered=delivered, replayed=replayed)
         return final
-
-    def _count(self, **counts: int) -> None:
-        with self._stats_lock:
-            for name, value in counts.items():
-                setattr(self.stats, name, getattr(self.stats, name) + value)
 
     def _send(self, items: list[_Item]) -> None:
         """Deliver lines one batch at a time until each has a final answer (retrying what
@@ -394,7 +385,7 @@ class Uploader:
             if isinstance(event, dict) and isinstance(event.get("event_id"), str):
                 kept.append(item)
             else:
-                self._count(torn=1)
+                self.stats.torn += 1
                 self._dead_letter(cursor.path, line, None, "not an event: a torn or corrupt line")
         return kept
 
@@ -409,10 +400,9 @@ class Uploader:
         return min(delay * 2, self._max_backoff)
 
     def _note(self, message: str) -> None:
-        with self._stats_lock:
-            if not self.stats.errors or self.stats.errors[-1] != message:
-                self.stats.errors.append(message)
-                del self.stats.errors[:-20]
+        if not self.stats.errors or self.stats.errors[-1] != message:
+            self.stats.errors.append(message)
+            del self.stats.errors[:-20]
 
     def _dead_letter(self, segment: Path, line: bytes, status: int | None, reason: str) -> None:
         record: dict[str, Any] = {
@@ -425,7 +415,7 @@ class Uploader:
             record["event"] = orjson.loads(line)
         except orjson.JSONDecodeError:
             record["line"] = line.decode("utf-8", "replace")
-        with self._stats_lock, (self.spool_dir / DEAD_LETTER).open("ab") as handle:
+        with (self.spool_dir / DEAD_LETTER).open("ab") as handle:
             handle.write(orjson.dumps(record) + b"\n")
 
 
