@@ -209,11 +209,9 @@ class _Batch:
             self._chunk_index.append(dict(zip(slots, range(len(chunk["key_hi"])))))
         return self._chunk_index[number]
 
-    def staged_key(self, slot: tuple[int, int, int]) -> tuple[int, int, str] | None:
-        """The answer staged in this group for an Idempotency-Key, if any."""
-        seen = self.idempotency.get(slot)
-        if seen is not None:
-            return seen
+    def chunk_key(self, slot: tuple[int, int, int]) -> tuple[int, int, str] | None:
+        """The answer a RankEvents write of this group staged for an Idempotency-Key, if
+        any (single writes' answers are in ``idempotency``)."""
         for number, chunk in enumerate(self.idem_chunks):
             i = self.chunk_index(number).get(slot)
             if i is not None:
@@ -540,7 +538,7 @@ class DuckDBStore:
             slot = (write.org_id, idem.key_hi, idem.key_lo)
             seen = batch.idempotency.get(slot)
             if seen is None and batch.idem_chunks:
-                seen = batch.staged_key(slot)
+                seen = batch.chunk_key(slot)
             if seen is None and known:
                 seen = known.get(slot)
             if seen is not None:
