@@ -25,41 +25,89 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
-def metric_values(data: Any, field: str = "metrics") -> dict[str, float]:
-    """A non-empty dict of non-empty string keys (<= 512 UTF-8 bytes) to finite numbers."""
+def _unwrap(value: Any) -> Any:
+    """A 0-dim array (numpy, or anything array-like with ``.item()``) as the scalar it holds;
+    anything else unchanged."""
+    if getattr(value, "shape", None) == () and callable(getattr(value, "item", None)):
+        return value.item()
+    return value
+
+
+# How a non-finite value travels: beside ``metrics``, in the body's ``nonfinite`` map.
+NONFINITE_MARKS = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def mark_of(number: float) -> str:
+    """The mark of a non-finite float: ``"nan"``, ``"inf"`` or ``"-inf"``."""
+    if number != number:
+        return "nan"
+    return "inf" if number > 0 else "-inf"
+
+
+def _metric_name(key: Any, field: str) -> str:
+    if type(key) is not str:
+        raise TypeError(f"{field}: metric names must be strings, got {type(key).__name__}")
+    # A str of n code points holds at most 4n UTF-8 bytes, so most keys skip encoding.
+    if not key or (len(key) > MAX_KEY_BYTES // 4 and len(key.encode()) > MAX_KEY_BYTES):
+        if not key:
+            raise ValueError(f"{field}: metric names must not be empty")
+        raise ValueError(f"{field}: metric name longer than {MAX_KEY_BYTES} UTF-8 bytes")
+    return key
+
+
+def metric_values(
+    data: Any, field: str = "metrics", allow_empty: bool = False
+) -> tuple[dict[str, float], dict[str, str]]:
+    """A dict of non-empty string keys (<= 512 UTF-8 bytes) to numbers, as
+    ``(finite values, non-finite marks)``: NaN and +-inf are data (a diverged rank is what
+    the summary must show), returned apart as ``"nan"``, ``"inf"`` or ``"-inf"``.
+    Empty is refused unless ``allow_empty``; 0-dim arrays count as the number they hold."""
     if not isinstance(data, dict):
         raise TypeError(f"{field} must be an object mapping metric names to numbers")
-    if not data:
+    if not data and not allow_empty:
         raise ValueError(f"{field} must contain at least one metric")
     out: dict[str, float] = {}
+    marks: dict[str, str] = {}
     for key, value in data.items():
-        if type(key) is not str:
-            raise TypeError(f"{field}: metric names must be strings, got {type(key).__name__}")
-        # A str of n code points holds at most 4n UTF-8 bytes, so most keys skip encoding.
-        if not key or (len(key) > MAX_KEY_BYTES // 4 and len(key.encode()) > MAX_KEY_BYTES):
-            if not key:
-                raise ValueError(f"{field}: metric names must not be empty")
-            raise ValueError(f"{field}: metric name longer than {MAX_KEY_BYTES} UTF-8 bytes")
+        _metric_name(key, field)
         if type(value) is float:
             number = value
-        elif type(value) is int or _is_number(value):
+        else:
+            if type(value) is not int and not _is_number(value):
+                value = _unwrap(value)
+                if not _is_number(value):
+                    raise TypeError(
+                        f"{field}[{key!r}] must be a number, got {type(value).__name__}"
+                    )
             try:
                 number = float(value)
             except (OverflowError, TypeError, ValueError):
                 raise ValueError(f"{field}[{key!r}] must be a finite number") from None
+        if number - number != 0.0:  # NaN or +-inf (one subtraction: the hot path)
+            marks[key] = mark_of(number)
         else:
-            raise TypeError(f"{field}[{key!r}] must be a number, got {type(value).__name__}")
-        if not math.isfinite(number):
-            raise ValueError(f"{field}[{key!r}] must be a finite number, got {number}")
-        out[key] = number
-    return out
+            out[key] = number
+    return out, marks
+
+
+def nonfinite_marks(data: Any, field: str = "nonfinite") -> dict[str, str]:
+    """A non-empty dict of metric names to ``"nan"``, ``"inf"`` or ``"-inf"``."""
+    if not isinstance(data, dict):
+        raise TypeError(f"{field} must be an object mapping metric names to 'nan', 'inf' or '-inf'")
+    if not data:
+        raise ValueError(f"{field} must contain at least one metric")
+    for key, mark in data.items():
+        _metric_name(key, field)
+        if type(mark) is not str or mark not in NONFINITE_MARKS:
+            raise ValueError(f"{field}[{key!r}] must be 'nan', 'inf' or '-inf', got {mark!r}")
+    return data
 
 
 def step(value: Any, field: str = "step") -> int:
     """A finite step >= 0; an integral float (``100.0``) is that integer, ``1.5`` is refused."""
     if type(value) is int:
         number = value
-    elif type(value) is float or _is_number(value):
+    elif type(value) is float or _is_number(value := _unwrap(value)):
         as_float = float(value)
         if not math.isfinite(as_float):
             raise ValueError(f"{field} must be finite")
@@ -104,7 +152,7 @@ def weight(value: Any, field: str = "weight") -> float:
     """A finite number > 0; ``None`` means 1.0."""
     if value is None:
         return 1.0
-    if type(value) is not float and not _is_number(value):
+    if type(value) is not float and not _is_number(value := _unwrap(value)):
         raise TypeError(f"{field} must be a number, got {type(value).__name__}")
     try:
         number = float(value)

@@ -146,3 +146,39 @@ def test_login_form(page: Any, server: ServerProcess) -> None:
     page.wait_for_selector("main[data-ready=runs]")
     assert page.query_selector("#project-filter") is not None
     assert all("401" in e for e in page.errors)  # the refused key's request, nothing else
+
+
+def test_nonfinite_cells_and_the_outlier_count(
+    page: Any, server: ServerProcess, api: httpx.Client
+) -> None:
+    # 8 ranks x 150 steps; rank 6 spikes at every step (150 outlier rows, 100 shown), rank 3
+    # goes NaN from step 120 on, and sends +inf at step 40.
+    def value(s: int, r: int) -> float:
+        if r == 3 and s >= 120:
+            return float("nan")
+        if (r, s) == (3, 40):
+            return float("inf")
+        return 40.0 if r == 6 else 1.0 + 0.01 * r
+
+    writes = [Point(s, r, value(s, r), 1.0, r, 8) for s in range(150) for r in range(8)]
+    run_id = ingest(api, writes)
+    page.goto(f"{server.url}/?token={server.admin_key}#/runs/{run_id}/distributed?key=loss")
+    page.wait_for_selector("main[data-ready=distributed][data-key=loss]")
+    shot(page, "nonfinite")
+    callout = page.inner_text("#first-nonfinite")
+    assert "rank 3 at step 40 (inf)" in callout and "31 non-finite values" in callout
+    assert page.inner_text("#outliers-title").startswith("Outliers (100 of 150;")
+    names = page.evaluate("document.getElementById('heatmap').data.map(t => t.name || '')")
+    assert names[-1] == "non-finite"
+    marked = page.evaluate(
+        "document.getElementById('heatmap').data[1].z.map(row => row.filter(v => v === 1).length)"
+    )
+    ranks = page.evaluate("document.getElementById('heatmap').data[1].y")
+    assert ranks[3] == "3" and marked[3] == 31 and sum(marked) == 31  # 150 steps, 1 per bucket
+    # Coverage counts the NaN rank as reporting: every step full.
+    coverage = page.evaluate("document.getElementById('coverage').data[0].y")
+    assert set(coverage) == {1}
+    rows = page.query_selector_all("#ranks tbody tr")
+    row = next(r for r in rows if r.query_selector("td").inner_text() == "3")
+    assert row.query_selector_all("td")[-1].inner_text() == "31"
+    assert page.errors == []

@@ -37,12 +37,21 @@ def assert_matches(
     """Everything equal; ``ranks`` and ``outliers`` compared by (step,) rank, since their
     order ties on floats that two correct implementations may round apart."""
     atol = 1e-12 * max(scale, 1e-300)
-    for field in ("world_size", "step_range", "bucket_size", "steps", "coverage", "heatmap"):
+    for field in (
+        "world_size",
+        "step_range",
+        "bucket_size",
+        "steps",
+        "coverage",
+        "heatmap",
+        "first_nonfinite",
+    ):
         close(server[field], ref[field], atol, field)
     borderline: dict[int, int] = {}
     for o in ref["all_scores"]:
         if _borderline(o, z):
             borderline[o["rank"]] = borderline.get(o["rank"], 0) + 1
+    assert abs(server["outliers_total"] - ref["outliers_total"]) <= sum(borderline.values())
     got_ranks = {r["rank"]: dict(r) for r in server["ranks"]}
     want_ranks = {r["rank"]: dict(r) for r in ref["ranks"]}
     for rank, row in want_ranks.items():

@@ -35,6 +35,14 @@ def _groups(steps: list[int], size: int) -> list[list[int]]:
     return [groups[k] for k in sorted(groups)]
 
 
+def _mark(value: float) -> str:
+    return "nan" if value != value else ("inf" if value > 0 else "-inf")
+
+
+def _mean_or_none(values: list[float]) -> float | None:
+    return float(np.mean(values)) if values else None
+
+
 def reference(
     writes: list[Point],
     step_min: int | None = None,
@@ -56,10 +64,23 @@ def reference(
         by_step[p.step].append(p)
     steps = sorted(by_step)
 
-    stats: dict[int, dict[str, float]] = {}
+    # NaN and +-inf are marks: a report (coverage), never a value (reducers, scores, cells).
+    stats: dict[int, dict[str, Any]] = {}
     scores: dict[tuple[int, int], tuple[float, float, float]] = {}
     for s in steps:
-        ps = sorted(by_step[s], key=lambda p: p.rank)
+        every = sorted(by_step[s], key=lambda p: p.rank)
+        ps = [p for p in every if math.isfinite(p.value)]
+        entry: dict[str, Any] = {
+            "count": len(ps),
+            "expected": max(p.world_size for p in every),
+            "nonfinite": len(every) - len(ps),
+        }
+        stats[s] = entry
+        if not ps:
+            entry.update(dict.fromkeys(
+                ("mean", "weighted_mean", "min", "max", "std", "p05", "p50", "p95")
+            ))  # fmt: skip
+            continue
         v = np.array([p.value for p in ps])
         w = np.array([p.weight for p in ps])
         constant = bool(v.min() == v.max())
@@ -68,18 +89,18 @@ def reference(
         p05, p50, p95 = (float(x) for x in np.percentile(v, [5, 50, 95]))
         ad = np.abs(v - p50)
         mad, mean_ad = float(np.median(ad)), float(ad.mean())
-        stats[s] = {
-            "count": len(v),
-            "expected": max(p.world_size for p in ps),
-            "mean": mean,
-            "weighted_mean": float(v[0]) if constant else float((w * v).sum() / w.sum()),
-            "min": float(v.min()),
-            "max": float(v.max()),
-            "std": std,
-            "p05": p05,
-            "p50": p50,
-            "p95": p95,
-        }
+        entry.update(
+            {
+                "mean": mean,
+                "weighted_mean": float(v[0]) if constant else float((w * v).sum() / w.sum()),
+                "min": float(v.min()),
+                "max": float(v.max()),
+                "std": std,
+                "p05": p05,
+                "p50": p50,
+                "p95": p95,
+            }
+        )
         for p in ps:
             delta = p.value - mean
             zs = delta / std if std > 0 else 0.0
@@ -102,9 +123,11 @@ def reference(
             "step_range": None,
             "bucket_size": 1,
             "coverage": {"full_steps": 0, "partial_steps": 0, "missing": []},
-            "heatmap": {"ranks": [], "buckets": [], "values": []},
+            "heatmap": {"ranks": [], "buckets": [], "values": [], "nonfinite": []},
             "outliers": [],
+            "outliers_total": 0,
             "ranks": [],
+            "first_nonfinite": None,
             "all_scores": [],
         }
 
@@ -112,7 +135,9 @@ def reference(
     step_rows = []
     for group in _groups(steps, size):
         rows = [stats[s] for s in group]
-        lo_v, hi_v = min(r["min"] for r in rows), max(r["max"] for r in rows)
+        valued = [r for r in rows if r["count"]]
+        lo_v = min((r["min"] for r in valued), default=None)
+        hi_v = max((r["max"] for r in valued), default=None)
         step_rows.append(
             {
                 "step": group[0],
@@ -120,12 +145,13 @@ def reference(
                 "count": min(r["count"] for r in rows),
                 "expected": max(r["expected"] for r in rows),
                 **{
-                    k: float(np.mean([r[k] for r in rows]))
+                    k: _mean_or_none([r[k] for r in valued])
                     for k in ("mean", "weighted_mean", "std", "p05", "p50", "p95")
                 },
                 "min": lo_v,
                 "max": hi_v,
-                "range": hi_v - lo_v,
+                "range": None if lo_v is None or hi_v is None else hi_v - lo_v,
+                "nonfinite": sum(r["nonfinite"] for r in rows),
             }
         )
 
@@ -133,7 +159,7 @@ def reference(
     for p in points:
         last_of[p.rank] = max(last_of.get(p.rank, -1), p.step)
     missing = []
-    for r in range(world_size):
+    for r in range(stats[steps[-1]]["expected"]):  # the world size reported at the last step
         seen = last_of.get(r)
         if seen == steps[-1]:
             continue
@@ -144,46 +170,54 @@ def reference(
     heat_groups = _groups(steps, heat_size)
     ranks = sorted({p.rank for p in points})
     values = []
-    for r in ranks:
+    heat_marks = []
+    for i, r in enumerate(ranks):
         row = []
-        for group in heat_groups:
-            vs = [latest[(s, r)].value for s in group if (s, r) in latest and s in by_step]
-            row.append(float(np.mean(vs)) if vs else None)
+        for j, group in enumerate(heat_groups):
+            mine = [latest[(s, r)] for s in group if (s, r) in latest and s in by_step]
+            row.append(_mean_or_none([p.value for p in mine if math.isfinite(p.value)]))
+            if any(not math.isfinite(p.value) for p in mine):
+                heat_marks.append([i, j])
         values.append(row)
 
+    every_outlier = [k for k in scores if is_outlier(k)]
     outliers = sorted(
-        (k for k in scores if is_outlier(k)),
-        key=lambda k: (-abs(scores[k][2]), -abs(scores[k][1]), k[0], k[1]),
+        every_outlier, key=lambda k: (-abs(scores[k][2]), -abs(scores[k][1]), k[0], k[1])
     )[:outlier_limit]
     rollup = []
     for r in ranks:
-        keys = [(s, r) for s in steps if (s, r) in scores]
-        local = [latest[k].local_rank for k in keys if latest[k].local_rank is not None]
+        reports = [(s, r) for s in steps if (s, r) in latest and s in by_step]
+        keys = [k for k in reports if k in scores]
+        local = [latest[k].local_rank for k in reports if latest[k].local_rank is not None]
         rollup.append(
             {
                 "rank": r,
                 "local_rank": local[-1] if local else None,
                 "steps_reported": len(keys),
-                "last_step": keys[-1][0],
-                "mean_delta": float(np.mean([scores[k][0] for k in keys])),
-                "mean_abs_z": float(np.mean([abs(scores[k][1]) for k in keys])),
+                "last_step": reports[-1][0],
+                "mean_delta": float(np.mean([scores[k][0] for k in keys])) if keys else 0.0,
+                "mean_abs_z": float(np.mean([abs(scores[k][1]) for k in keys])) if keys else 0.0,
                 "outlier_steps": sum(is_outlier(k) for k in keys),
+                "nonfinite_steps": len(reports) - len(keys),
             }
         )
+    marks = sorted((p.step, p.rank) for p in points if not math.isfinite(p.value))
+    reported = {s: stats[s]["count"] + stats[s]["nonfinite"] for s in steps}
     return {
         "world_size": world_size,
         "step_range": [steps[0], steps[-1]],
         "bucket_size": size,
         "steps": step_rows,
         "coverage": {
-            "full_steps": sum(stats[s]["count"] == stats[s]["expected"] for s in steps),
-            "partial_steps": sum(stats[s]["count"] < stats[s]["expected"] for s in steps),
+            "full_steps": sum(reported[s] == stats[s]["expected"] for s in steps),
+            "partial_steps": sum(reported[s] < stats[s]["expected"] for s in steps),
             "missing": missing,
         },
         "heatmap": {
             "ranks": ranks,
             "buckets": [[g[0], g[-1]] for g in heat_groups],
             "values": values,
+            "nonfinite": heat_marks,
         },
         "outliers": [
             {
@@ -198,7 +232,15 @@ def reference(
             }
             for s, r in outliers
         ],
+        "outliers_total": len(every_outlier),
         "ranks": rollup,
+        "first_nonfinite": None
+        if not marks
+        else {
+            "step": marks[0][0],
+            "rank": marks[0][1],
+            "value": _mark(latest[marks[0]].value),
+        },
         # Not part of the answer: every row's scores, for tests that must know borderline rows.
         "all_scores": [
             {"step": s, "rank": r, "z": sc[1], "robust_z": sc[2]} for (s, r), sc in scores.items()

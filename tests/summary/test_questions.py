@@ -25,6 +25,28 @@ def test_a_rank_that_stops_is_named_with_the_step_it_vanished(api: httpx.Client)
     assert got["steps"][61]["count"] == 7 and got["steps"][61]["expected"] == 8
 
 
+def test_one_stray_call_with_a_larger_world_size_lists_no_phantom_ranks(
+    api: httpx.Client,
+) -> None:
+    # A 4-rank job; one call at step 3 said world_size=512 (a bug in a launcher script).
+    writes = [
+        Point(s, r, 1.0 + r, 1.0, r, 512 if (s, r) == (3, 1) else 4)
+        for s in range(10)
+        for r in range(4)
+        if not (r == 2 and s > 6)
+    ]
+    got = summary(api, ingest(api, writes))
+    assert got["world_size"] == 512  # the key's largest, as DESIGN.md defines it
+    assert got["coverage"]["missing"] == [{"rank": 2, "last_seen_step": 6, "first_missing_step": 7}]
+    # An elastic job that shrank from 8 to 4 ranks at step 5: the last step's world size.
+    shrunk = [
+        Point(s, r, 1.0, 1.0, None, 8 if s < 5 else 4)
+        for s in range(10)
+        for r in range(8 if s < 5 else 4)
+    ]
+    assert summary(api, ingest(api, shrunk))["coverage"]["missing"] == []
+
+
 def test_a_rank_that_never_reported_is_missing_from_the_first_step(api: httpx.Client) -> None:
     writes = [Point(s, r, 1.0, 1.0, None, 4) for s in range(10, 20) for r in (0, 1, 3)]
     got = summary(api, ingest(api, writes))

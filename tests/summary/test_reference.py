@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import uuid
 from typing import Any
 
@@ -44,7 +45,7 @@ def ingest(
                 "method": "POST",
                 "path": f"/runs/{run_id}/rank-metrics",
                 "body": {
-                    "metrics": {key: p.value},
+                    **_values(key, p.value),
                     "step": p.step,
                     "rank": p.rank,
                     "world_size": p.world_size,
@@ -60,6 +61,13 @@ def ingest(
         assert response.status_code == 200
         assert {r["status"] for r in response.json()["results"]} <= {200, 201}
     return run_id
+
+
+def _values(key: str, value: float) -> dict[str, Any]:
+    """A value as the SDK sends it: a finite one in ``metrics``, NaN or +-inf as a mark."""
+    if math.isfinite(value):
+        return {"metrics": {key: value}}
+    return {"nonfinite": {key: "nan" if value != value else "inf" if value > 0 else "-inf"}}
 
 
 def summary(api: httpx.Client, run_id: str, **params: Any) -> dict[str, Any]:
@@ -82,6 +90,8 @@ def runs(draw: st.DrawFn) -> tuple[list[Point], float]:
     coverage = draw(st.sampled_from([1.0, 0.8, 0.4]))
     elastic = draw(st.booleans()) and world > 2
     weights = draw(st.sampled_from(["ones", "skewed", "random"]))
+    # Some values NaN or +-inf (a rank diverging): marks, never values.
+    poison = draw(st.sampled_from([0.0, 0.0, 0.1, 0.6]))
     seed = draw(st.integers(0, 2**32 - 1))
     import numpy as np
 
@@ -104,12 +114,19 @@ def runs(draw: st.DrawFn) -> tuple[list[Point], float]:
                 "random": float(rng.uniform(0.1, 100)),
             }[weights]
             local = None if r % 3 == 2 else r % 4
+            if poison and rng.random() < poison:
+                value = float(rng.choice([math.nan, math.inf, -math.inf]))
             writes.append(Point(s, r, value * scale, weight, local, size))
-    # Duplicate writes of some points: the latest must win.
+    # Duplicate writes of some points: the latest must win, a mark over a value and a value
+    # over a mark included.
     for p in list(writes[: draw(st.integers(0, 5))]):
-        writes.append(
-            Point(p.step, p.rank, p.value * 2 + scale, p.weight, p.local_rank, p.world_size)
-        )
+        if not math.isfinite(p.value):
+            value = scale
+        elif poison and rng.random() < 0.5:
+            value = math.nan
+        else:
+            value = p.value * 2 + scale
+        writes.append(Point(p.step, p.rank, value, p.weight, p.local_rank, p.world_size))
     return writes, scale
 
 

@@ -63,8 +63,9 @@ class Run:
     ) -> None:
         """Log this rank's values for a global step. ``rank``, ``world_size`` and
         ``local_rank`` default from the ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK``
-        environment variables; ``weight`` (e.g. the rank's sample count) defaults to 1."""
-        values = validation.metric_values(metrics)
+        environment variables; ``weight`` (e.g. the rank's sample count) defaults to 1.
+        NaN and +-inf are logged, not raised: the summary shows which rank produced them."""
+        values, marks = validation.metric_values(metrics)
         checked_step = validation.step(step)
         if rank is None:
             rank = self._rank
@@ -81,36 +82,34 @@ class Run:
         if local_rank is None:
             local_rank = self._local_rank
         r, size, lr = validation.rank_context(rank, world_size, local_rank)
-        self._sink.submit(
-            "POST",
-            self._rank_path,
-            {
-                "metrics": values,
-                "step": checked_step,
-                "rank": r,
-                "world_size": size,
-                "local_rank": lr,
-                "weight": validation.weight(weight),
-                "timestamp": time.time() if timestamp is None else timestamp,
-            },
-        )
+        body = {
+            "metrics": values,
+            "step": checked_step,
+            "rank": r,
+            "world_size": size,
+            "local_rank": lr,
+            "weight": validation.weight(weight),
+            "timestamp": time.time() if timestamp is None else timestamp,
+        }
+        if marks:
+            _with_marks(body, marks)
+        self._sink.submit("POST", self._rank_path, body)
 
     def log_metrics(
         self, metrics: dict[str, float], step: int, timestamp: float | None = None
     ) -> None:
         """Log ordinary (run-level) scalars for a step."""
-        values = validation.metric_values(metrics)
+        values, marks = validation.metric_values(metrics)
         checked_step = validation.step(step)
         self._next_step = max(self._next_step, checked_step + 1)
-        self._sink.submit(
-            "POST",
-            self._metrics_path,
-            {
-                "metrics": values,
-                "step": checked_step,
-                "timestamp": time.time() if timestamp is None else timestamp,
-            },
-        )
+        body = {
+            "metrics": values,
+            "step": checked_step,
+            "timestamp": time.time() if timestamp is None else timestamp,
+        }
+        if marks:
+            _with_marks(body, marks)
+        self._sink.submit("POST", self._metrics_path, body)
 
     def log(self, metrics: dict[str, float], step: int | None = None) -> None:
         """Log scalars; without ``step``, one past the last step this process logged."""
@@ -150,6 +149,14 @@ class Run:
 
     def __repr__(self) -> str:
         return f"Run(run_id={self.run_id!r}, project={self.project!r}, upload_mode={self.upload_mode!r})"
+
+
+def _with_marks(body: dict[str, Any], marks: dict[str, str]) -> None:
+    """NaN and +-inf travel beside ``metrics`` (JSON has no token for them); a body whose
+    values are all non-finite carries only the marks."""
+    body["nonfinite"] = marks
+    if not body["metrics"]:
+        del body["metrics"]
 
 
 def init(

@@ -31,6 +31,9 @@ class RankBody(msgspec.Struct, gc=False):
     local_rank: Annotated[int, Meta(ge=0, lt=MAX_WORLD_SIZE)] | None = None
     weight: Annotated[float, Meta(gt=0.0)] | None = None
     timestamp: Annotated[float, Meta(gt=-1e11, lt=1e11)] | None = None
+    # Declared so that it is never silently dropped (msgspec ignores unknown fields) and
+    # enters the fingerprint; an event that has it takes the general path (writes.py).
+    nonfinite: dict[str, str] | None = None
 
 
 _ENCODER = msgspec.json.Encoder(order="sorted")

@@ -92,7 +92,7 @@ class RankEventsBuilder:
 
     def take(self, event: RankEvent) -> bool:
         """Append a decoded rank event; False (nothing appended) if the general path must
-        decide (another method or route, a rank outside world_size)."""
+        decide (another method or route, a rank outside world_size, non-finite marks)."""
         request = event.request
         if request.method != "POST":
             return False
@@ -100,7 +100,7 @@ class RankEventsBuilder:
         body = request.body
         size = body.world_size
         local_rank = body.local_rank
-        if run_id is None or body.rank >= size:
+        if run_id is None or body.rank >= size or body.nonfinite is not None:
             return False
         if local_rank is None:
             local_rank = -1

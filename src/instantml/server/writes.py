@@ -110,9 +110,26 @@ def patch_run(org_id: int, run_id: str, body: dict[str, Any]) -> PatchRun:
     return PatchRun(org_id=org_id, run_id=run_id, status=status)
 
 
+def _values(body: dict[str, Any]) -> dict[str, float]:
+    """``metrics`` (finite numbers) with the ``nonfinite`` marks beside them merged in as
+    NaN/+-inf: one value per key, at least one in all. Raises TypeError/ValueError."""
+    marks = body.get("nonfinite")
+    if marks is None:
+        values, _ = validation.metric_values(_required(body, "metrics"))
+        return values
+    marks = validation.nonfinite_marks(marks)
+    metrics = body.get("metrics")
+    values = {} if metrics is None else validation.metric_values(metrics, allow_empty=True)[0]
+    both = values.keys() & marks.keys()
+    if both:
+        raise ValueError(f"nonfinite: {sorted(both)[0]!r} is also in metrics; send one value")
+    values.update({key: validation.NONFINITE_MARKS[mark] for key, mark in marks.items()})
+    return values
+
+
 def scalars(org_id: int, run_id: str, body: dict[str, Any]) -> WriteScalars:
     try:
-        metrics = validation.metric_values(_required(body, "metrics"))
+        metrics = _values(body)
         step = validation.step(_required(body, "step"))
     except (TypeError, ValueError) as exc:
         raise bad_input(exc) from None
@@ -128,7 +145,7 @@ def scalars(org_id: int, run_id: str, body: dict[str, Any]) -> WriteScalars:
 
 def rank_points(org_id: int, run_id: str, body: dict[str, Any]) -> WriteRankPoints:
     try:
-        metrics = validation.metric_values(_required(body, "metrics"))
+        metrics = _values(body)
         step = validation.step(_required(body, "step"))
         rank, world_size, local_rank = validation.rank_context(
             _required(body, "rank"), _required(body, "world_size"), body.get("local_rank")

@@ -989,8 +989,10 @@ class DuckDBStore:
                 names = ("series_id", *duckdb_summary.STATS_COLUMNS)
                 stats = {n: np.concatenate([c[n] for c in batch.stats_chunks]) for n in names}
                 with self._frame("stats_batch", stats) as (source, params):
+                    listed = ", ".join(names)
                     con.execute(
-                        f"INSERT INTO step_stats SELECT {', '.join(names)} FROM {source}", params
+                        f"INSERT INTO step_stats ({listed}) SELECT {listed} FROM {source}",
+                        params,
                     )
         if batch.stale:
             stale = {

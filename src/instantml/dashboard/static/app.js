@@ -5,6 +5,7 @@
 
 const KEY_STORE = "instantml-api-key";
 const REFRESH_MS = 5000;
+const NONFINITE_COLOUR = "#e11d48";  // not in Viridis: a NaN cell never reads as a value
 const main = document.getElementById("main");
 let refreshTimer = null;
 const plotlyReady = new Promise((resolve, reject) => {
@@ -197,7 +198,10 @@ async function showOverview(run, scalarKeys, body) {
   await plotlyReady;
   series.forEach((s) => {
     const div = el("div", { class: "chart" });
-    charts.append(el("div", { class: "card" }, el("h3", { text: s.key }), div));
+    const marks = s.nonfinite.length
+      ? el("p", { class: "callout-text", text: `Non-finite at ${s.nonfinite.length} step(s), first at step ${s.nonfinite[0][0]} (${s.nonfinite[0][1]})` })
+      : "";
+    charts.append(el("div", { class: "card" }, el("h3", { text: s.key }), marks, div));
     Plotly.newPlot(div, [{ x: s.points.map((p) => p[0]), y: s.points.map((p) => p[1]), mode: "lines", name: "value" }],
       { margin: { t: 10, r: 10, b: 30, l: 50 }, xaxis: { title: { text: "step" } } }, { displaylogo: false, responsive: true });
   });
@@ -236,6 +240,17 @@ async function showDistributed(run, rankKeys, params, body) {
     el("span", { class: "muted", id: "range", text: `${range} · world size ${s.world_size}` +
       (s.bucket_size > 1 ? ` · ${s.bucket_size} steps per point (drag on a chart to zoom)` : " · drag on a chart to zoom") })));
 
+  if (s.first_nonfinite) {
+    const f = s.first_nonfinite;
+    const look = el("a", { href: "#", text: "zoom there" });
+    look.addEventListener("click", (event) => {
+      event.preventDefault();
+      go(new URLSearchParams({ key, step_min: String(Math.max(0, f.step - 10)), step_max: String(f.step + 10) }));
+    });
+    body.append(el("div", { class: "card callout", id: "first-nonfinite" },
+      el("b", { text: `First non-finite value: rank ${f.rank} at step ${f.step} (${f.value}).` }),
+      ` ${s.steps.reduce((n, p) => n + p.nonfinite, 0)} non-finite values in this range; they are left out of every reducer and shown in red in the heatmap. `, look));
+  }
   const band = el("div", { class: "chart tall", id: "band" });
   const coverage = el("div", { class: "chart", id: "coverage" });
   const heat = el("div", { class: "chart tall", id: "heatmap" });
@@ -267,9 +282,11 @@ async function showDistributed(run, rankKeys, params, body) {
     { title: "steps", value: (r) => r.steps_reported, num: true }, { title: "last step", value: (r) => r.last_step, num: true },
     { title: "mean delta", value: (r) => r.mean_delta, num: true }, { title: "mean |z|", value: (r) => r.mean_abs_z, num: true },
     { title: "outlier steps", value: (r) => r.outlier_steps, num: true },
+    { title: "non-finite steps", value: (r) => r.nonfinite_steps, num: true },
   ], s.ranks, { sortable: true, id: "ranks" });
+  const shown = s.outliers.length < s.outliers_total ? `${s.outliers.length} of ${s.outliers_total}` : `${s.outliers_total}`;
   body.append(el("div", { class: "grid2" },
-    el("div", { class: "card" }, el("h3", { text: `Outliers (${s.outliers.length}; |z| ≥ 3 or |robust z| ≥ 3.5)` }), el("div", { class: "scroll" }, outliers)),
+    el("div", { class: "card" }, el("h3", { id: "outliers-title", text: `Outliers (${shown}; |z| ≥ 3 or |robust z| ≥ 3.5)` }), el("div", { class: "scroll" }, outliers)),
     el("div", { class: "card" }, el("h3", { text: "Per rank (noisiest first)" }), el("div", { class: "scroll" }, ranks))));
 
   const x = s.steps.map((p) => p.step);
@@ -286,19 +303,26 @@ async function showDistributed(run, rankKeys, params, body) {
     { x, y: col("mean"), mode: "lines", line: { color: "#f97316", width: 2 }, name: "mean" },
     { x, y: col("weighted_mean"), mode: "lines", line: { color: "#16a34a", width: 2, dash: "dash" }, name: "weighted mean" },
   ];
-  const covTrace = { x, y: s.steps.map((p) => p.count / p.expected), type: "scatter", mode: "lines", fill: "tozeroy",
-    name: "reported / expected", customdata: s.steps.map((p) => `${p.count} of ${p.expected}`),
+  const covTrace = { x, y: s.steps.map((p) => (p.count + p.nonfinite) / p.expected), type: "scatter", mode: "lines", fill: "tozeroy",
+    name: "reported / expected",
+    customdata: s.steps.map((p) => `${p.count + p.nonfinite} of ${p.expected}` + (p.nonfinite ? ` (${p.nonfinite} non-finite)` : "")),
     hovertemplate: "step %{x}: %{customdata}<extra></extra>" };
   const buckets = s.heatmap.buckets;
   const heatTrace = { type: "heatmap", z: s.heatmap.values, x: buckets.map((b) => b[0]), y: s.heatmap.ranks.map(String),
     customdata: s.heatmap.ranks.map(() => buckets.map((b) => (b[0] === b[1] ? `${b[0]}` : `${b[0]}–${b[1]}`))),
     hovertemplate: "rank %{y}<br>steps %{customdata}<br>value %{z}<extra></extra>", colorscale: "Viridis",
     hoverongaps: false };
+  // Cells where a rank sent NaN or +-inf: a second layer in one colour that no value has.
+  const marked = s.heatmap.ranks.map(() => buckets.map(() => null));
+  for (const [i, j] of s.heatmap.nonfinite) marked[i][j] = 1;
+  const nonfiniteTrace = { type: "heatmap", z: marked, x: heatTrace.x, y: heatTrace.y, name: "non-finite",
+    customdata: heatTrace.customdata, colorscale: [[0, NONFINITE_COLOUR], [1, NONFINITE_COLOUR]], showscale: false,
+    hovertemplate: "rank %{y}<br>steps %{customdata}<br>NaN or ±inf<extra></extra>", hoverongaps: false };
   await plotlyReady;
   await Promise.all([
     Plotly.newPlot(band, bandTraces, layout({ yaxis: { title: { text: esc(key) } } }), config),
     Plotly.newPlot(coverage, [covTrace], layout({ yaxis: { range: [0, 1.05], tickformat: ".0%" }, showlegend: false }), config),
-    Plotly.newPlot(heat, [heatTrace], layout({ yaxis: { title: { text: "rank" }, type: "category" } }), config),
+    Plotly.newPlot(heat, s.heatmap.nonfinite.length ? [heatTrace, nonfiniteTrace] : [heatTrace], layout({ yaxis: { title: { text: "rank" }, type: "category" } }), config),
   ]);
   for (const chart of [band, coverage, heat]) {
     chart.on("plotly_relayout", (event) => {

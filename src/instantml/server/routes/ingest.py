@@ -14,7 +14,7 @@ from ...storage.base import ApiKeyRecord, Envelope
 from .. import idempotency, rank_events, schemas, upload_order, writes
 from ..apply import apply_writes
 from ..auth import require
-from ..body import parse_object, parse_value, read_body
+from ..body import parse_object, parse_value, read_body, refuse_tokens
 from ..errors import ApiError
 from ..responses import JSONResponse
 
@@ -37,6 +37,7 @@ def _event(org_id: int, event: Any, index: int) -> tuple[Any, Envelope]:
         raise ApiError(422, f"events[{index}].request needs string 'method' and 'path'")
     if not isinstance(body, dict):
         raise ApiError(422, f"events[{index}].request.body must be an object")
+    refuse_tokens(body)
     write = writes.from_request(org_id, method, path, body)
     return event_id, Envelope(write, idempotency.make(org_id, event_id, method, path, body))
 
@@ -64,7 +65,7 @@ async def _ingest(
     raw = await read_body(request)
     events: list[Any] | None = rank_events.decode_batch(raw)
     if events is None:  # not plainly {"events": [...]}: the general parser says what is wrong
-        body = parse_object(raw)
+        body = parse_object(raw, tokens=True)
         events = body.get("events")
         if not isinstance(events, list):
             raise ApiError(422, "events must be a list")

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from ...storage.base import ApiKeyRecord
+from ...validation import mark_of
 from .. import schemas, writes
 from ..apply import apply_one
 from ..auth import require
@@ -57,23 +59,32 @@ async def list_keys(request: Request, run_id: str, key: Read) -> dict[str, Any]:
 async def scalar_series(
     request: Request, run_id: str, key: Read, metric: MetricKey
 ) -> dict[str, Any]:
-    """One scalar series: ``points`` as ``[step, value]`` pairs."""
+    """One scalar series: ``points`` as ``[step, value]`` pairs (finite values), and
+    ``nonfinite`` as ``[step, "nan" | "inf" | "-inf"]`` pairs."""
     points = await run_in_threadpool(
         request.app.state.store.scalar_points, key.org_id, run_id, metric
     )
     if points is None:
         raise ApiError(404, f"metric {metric!r} of run {run_id!r} not found")
-    return {"run_id": run_id, "key": metric, "points": points}
+    finite = [p for p in points if math.isfinite(p[1])]
+    marks = (
+        [[s, mark_of(v)] for s, v in points if not math.isfinite(v)]
+        if len(finite) < len(points)
+        else []
+    )
+    return {"run_id": run_id, "key": metric, "points": finite, "nonfinite": marks}
 
 
 @router.get("/api/runs/{run_id}/rank-points")
 async def rank_series(
     request: Request, run_id: str, key: Read, metric: MetricKey
 ) -> dict[str, Any]:
-    """Every stored rank point of one key: ``[step, rank, value, weight, local_rank, world_size]``."""
+    """Every stored rank point of one key: ``[step, rank, value, weight, local_rank,
+    world_size]``; a non-finite value as its mark, ``"nan"``, ``"inf"`` or ``"-inf"``."""
     points = await run_in_threadpool(
         request.app.state.store.rank_points, key.org_id, run_id, metric
     )
     if points is None:
         raise ApiError(404, f"rank metric {metric!r} of run {run_id!r} not found")
-    return {"run_id": run_id, "key": metric, "points": points}
+    shown = [p if math.isfinite(p[2]) else (p[0], p[1], mark_of(p[2]), *p[3:]) for p in points]
+    return {"run_id": run_id, "key": metric, "points": shown}
