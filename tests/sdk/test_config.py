@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
-from instantml.sdk.config import resolve_run_id
+from instantml.sdk.config import resolve_run_id, unshared_run_warning
 
 
 @pytest.mark.parametrize(
@@ -29,3 +34,42 @@ def test_fresh_ids_differ_and_bad_ids_are_refused() -> None:
         resolve_run_id("no spaces", {})
     with pytest.raises(ValueError, match="INSTANTML_RUN_ID"):
         resolve_run_id(None, {"INSTANTML_RUN_ID": "../etc"})
+
+
+@pytest.mark.parametrize(
+    ("env", "warned"),
+    [
+        ({"WORLD_SIZE": "8", "TORCHELASTIC_RUN_ID": "none"}, "torchrun without --rdzv-id"),
+        ({"WORLD_SIZE": "8"}, "no launcher job id"),
+        ({"WORLD_SIZE": "8", "TORCHELASTIC_RUN_ID": "abc"}, None),
+        ({"WORLD_SIZE": "8", "SLURM_JOB_ID": "7"}, None),
+        ({"WORLD_SIZE": "8", "INSTANTML_RUN_ID": "job"}, None),
+        ({"WORLD_SIZE": "1", "TORCHELASTIC_RUN_ID": "none"}, None),
+        ({}, None),
+    ],
+)
+def test_a_multi_rank_job_without_a_shared_id_is_warned(
+    env: dict[str, str], warned: str | None
+) -> None:
+    message = unshared_run_warning(None, env)
+    if warned is None:
+        assert message is None
+    else:
+        assert message is not None and warned in message
+        for fix in ("--rdzv-id", "INSTANTML_RUN_ID", "run_id="):
+            assert fix in message
+    assert unshared_run_warning("given", env) is None
+
+
+def test_the_warning_comes_once_per_process(tmp_path: Path) -> None:
+    job = (
+        "import instantml as im\n"
+        "for _ in range(3):\n"
+        f"    im.init(project='p', upload_mode='spool', spool_dir={str(tmp_path)!r}).finish()\n"
+    )
+    env = {**os.environ, "WORLD_SIZE": "4", "RANK": "1", "TORCHELASTIC_RUN_ID": "none"}
+    out = subprocess.run(
+        [sys.executable, "-c", job], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.count("each rank is logging into a run of its own") == 1, out.stderr

@@ -49,6 +49,7 @@ def test_sync_uses_env_and_credentials(
     config.credentials_file().write_text(
         f'api_key = "{server.admin_key}"\napi_host = "{server.url}"\n'
     )
+    monkeypatch.setenv("INSTANTML_RUN_ID", "env-and-credentials")
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_RANK", "1")

@@ -1,9 +1,16 @@
 """Async upload mode: a bounded queue drained by one background thread through ``/api/ingest``.
 
 The training thread only appends to a deque; it never waits on the network and never sees
-an exception from it. When the queue is full (server down or slow for long), new events are
-dropped and counted, and the next call warns once. A batch is retried with the same event
-ids until the server answers, so a retry never double counts.
+an exception from it. A batch is retried with the same event ids until the server answers,
+so a retry never double counts.
+
+Nothing of the run is sent before its creation was accepted: the creation (the first event
+``init`` queues) goes alone, and a final refusal of it (the id taken in another project, a
+refused key) stops the sender, so no point can land in a run this process did not get.
+
+Every event ends delivered or lost, and ``lost`` counts each one not delivered for any
+reason (queue full, refused, uploads stopped, still undelivered when ``close`` timed out),
+so ``close`` returns True exactly when everything arrived.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from typing import Any
 
 import httpx
 
+from ..protocol import is_final, is_monthly_limit
 from .sinks import EventIds
 from .transport import Transport
 
@@ -39,37 +47,53 @@ class AsyncSender:
         self._interval = flush_interval
         self._wake = threading.Event()
         self._settled_cond = threading.Condition()
-        self._submitted = 0  # events queued (the training thread)
-        self._settled = 0  # events given a final answer, delivered or not (the sender thread)
+        self._offered = 0  # every submit (the training thread)
+        self._submitted = 0  # of those, queued
+        self._settled = 0  # queued events given a final outcome (the sender thread)
+        self._counts = threading.Lock()  # delivered/lost: both threads, and close()
+        self.delivered = 0
+        self.lost = 0
+        self._closed = False  # close() has counted what is left: the thread counts no more
         self._stopping = False
-        self._stopped = False  # a monthly limit or a refused key: nothing more will be sent
-        self.dropped = 0
-        self.refused = 0
+        self._stopped = False  # refused key, refused run, monthly limit: nothing more is sent
+        self._cause: str | None = None  # why the last event was not delivered
         self._warned_drop = False
         self._notice: str | None = None  # set by the thread, warned by the caller's thread
         self._thread = threading.Thread(target=self._run, name="instantml-async", daemon=True)
         self._thread.start()
+
+    @property
+    def dropped(self) -> int:
+        return self.lost
 
     # ---- the training thread ----
 
     def submit(self, method: str, path: str, body: dict[str, Any]) -> None:
         if self._notice is not None:
             self._warn_notice()
-        if len(self._queue) >= self._max_queue or self._stopped:
-            self.dropped += 1
+        self._offered += 1
+        if self._stopped or len(self._queue) >= self._max_queue:
+            self._lose(1)
             if not self._warned_drop:
                 self._warned_drop = True
+                why = self._cause if self._stopped else "the upload queue is full"
                 warnings.warn(
-                    "instantml: the upload queue is full (server down or slow) or uploads"
-                    " stopped; dropping metric events, counted in run.dropped_events",
+                    f"instantml: dropping metric events ({why}; server {self._url});"
+                    " counted in run.dropped_events",
                     RuntimeWarning,
                     stacklevel=4,
                 )
             return
         self._submitted += 1
-        self._queue.append((self._ids(), method, path, body))
-        if len(self._queue) >= self._batch_size:
+        event = (self._ids(), method, path, body)
+        self._queue.append(event)
+        # A run's creation leaves at once: its answer decides whether anything else may.
+        if len(self._queue) >= self._batch_size or _creates_run(event):
             self._wake.set()
+
+    @property
+    def _url(self) -> str:
+        return self._transport.base_url
 
     def _warn_notice(self) -> None:
         notice, self._notice = self._notice, None
@@ -80,30 +104,50 @@ class AsyncSender:
         target = self._submitted
         self._wake.set()
         with self._settled_cond:
-            delivered = self._settled_cond.wait_for(lambda: self._settled >= target, timeout)
+            settled = self._settled_cond.wait_for(lambda: self._settled >= target, timeout)
         if self._notice is not None:
             self._warn_notice()
-        return delivered
+        return settled and self.lost == 0
 
     def close(self, timeout: float) -> bool:
-        """Flush for at most ``timeout`` seconds, then stop. A sender stuck on a dead or hung
-        server is left behind (a daemon thread): finishing never waits longer than asked."""
-        delivered = self.flush(timeout)
+        """Flush for at most ``timeout`` seconds, then stop; True when every event was
+        delivered. A sender stuck on a dead or hung server is left behind (a daemon
+        thread), its events counted as lost: finishing never waits longer than asked."""
+        self.flush(timeout)
         self._stopping = True
         self._wake.set()
         self._thread.join(timeout=0.2)
-        if not delivered:
-            pending = self._submitted - self._settled
+        with self._counts:
+            unsettled = self._submitted - self._settled
+            self.lost += unsettled
+            self._closed = True
+            lost = self.lost
+        if lost:
+            why = f"finish timed out after {timeout:g} s" if unsettled else "refused"
             warnings.warn(
-                f"instantml: finish timed out with {pending} events not yet delivered",
+                f"instantml: {lost} of {self._offered} events were not delivered to"
+                f" {self._url} ({why}): {self._cause or 'no answer'};"
+                " counted in run.dropped_events",
                 RuntimeWarning,
                 stacklevel=3,
             )
-        else:
+        if not unsettled:
             self._transport.close()
-        return delivered
+        return lost == 0
 
     # ---- the background thread ----
+
+    def _lose(self, count: int, cause: str | None = None) -> None:
+        with self._counts:
+            if not self._closed:
+                self.lost += count
+            if cause is not None:
+                self._cause = cause
+
+    def _stop(self, notice: str) -> None:
+        self._stopped = True
+        self._cause = notice
+        self._notice = f"uploads stopped: {notice}"
 
     def _run(self) -> None:
         while not (self._stopping and (not self._queue or self._stopped)):
@@ -111,78 +155,111 @@ class AsyncSender:
                 self._wake.wait(self._interval)
                 self._wake.clear()
                 continue
-            batch = [self._queue.popleft() for _ in range(min(self._batch_size, len(self._queue)))]
+            batch = self._next_batch()
             if self._stopped:
-                self.dropped += len(batch)
+                self._lose(len(batch))
             else:
                 self._deliver(batch)
             with self._settled_cond:
                 self._settled += len(batch)
                 self._settled_cond.notify_all()
 
+    def _next_batch(self) -> list[_Event]:
+        """Up to ``batch_size`` events; a run's creation goes alone. A batch is sent until
+        each event has its final answer, so nothing after the creation leaves before it was
+        accepted: were it refused, what followed would land in a run not this process's."""
+        queue = self._queue
+        batch = [queue.popleft()]
+        if _creates_run(batch[0]):
+            return batch
+        while queue and len(batch) < self._batch_size and not _creates_run(queue[0]):
+            batch.append(queue.popleft())
+        return batch
+
     def _deliver(self, batch: list[_Event]) -> None:
-        """Send until every event has a final answer (or uploads stop, or we are told to quit)."""
+        """Send until every event has a final answer (or uploads stop, or finish gives up)."""
         delay = 0.1
-        while batch and not self._stopped:
+        while batch:
+            if self._stopped:
+                self._lose(len(batch))
+                return
             payload = {
                 "events": [
                     {"event_id": eid, "request": {"method": m, "path": p, "body": b}}
                     for eid, m, p, b in batch
                 ]
             }
-            retry: list[_Event] = []
             try:
                 response = self._transport.send("POST", "/api/ingest", payload)
-            except httpx.HTTPError:
+            except httpx.HTTPError as exc:
+                self._cause = f"server unreachable at {self._url} ({type(exc).__name__}: {exc})"
                 retry = batch
             else:
                 retry = self._settle(batch, response)
             if not retry:
                 return
             if self._stopping and delay > 2.0:
-                # finish() is waiting; give up on events the server will not take.
-                self.dropped += len(retry)
-                return
+                return  # finish() gave up waiting; close() counted these as lost
             batch = retry
             time.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 5.0)
 
     def _settle(self, batch: list[_Event], response: httpx.Response) -> list[_Event]:
+        """Count each event's answer; the events to send again."""
         status = response.status_code
-        if status in (401, 403) or (
-            status == 429 and response.headers.get("x-instantml-ratelimit-scope") == "monthly"
-        ):
-            self._stopped = True
-            self.dropped += len(batch)
-            self._notice = f"uploads stopped: server answered {status}: {_error(response)}"
+        body = _json(response)
+        scope = response.headers.get("x-instantml-ratelimit-scope")
+        if status in (401, 403) or is_monthly_limit(status, body, scope):
+            self._stop(f"server {self._url} answered {status}: {_error(response, body)}")
+            self._lose(len(batch))
             return []
-        if status >= 500 or status == 429:
+        if not is_final(status, body):
+            self._cause = f"server {self._url} answered {status}: {_error(response, body)}"
             return batch
         if status >= 300:  # the batch itself refused (too large?): nothing to retry safely
-            self.refused += len(batch)
-            self._notice = f"server refused a batch: {status}: {_error(response)}"
+            self._lose(len(batch), f"server refused a batch: {status}: {_error(response, body)}")
+            self._notice = self._cause
             return []
         retry: list[_Event] = []
-        for event, result in zip(batch, response.json()["results"]):
-            code = result["status"]
-            if code == 429 and (result.get("body") or {}).get("scope") == "monthly":
-                self._stopped = True
-                self.dropped += len(batch) - len(retry)
-                self._notice = f"uploads stopped: {result['body'].get('error')}"
-                return []
-            if code in (409, 429, 503) or code >= 500:
+        delivered = 0
+        for event, result in zip(batch, body["results"]):
+            code, answer = result["status"], result.get("body") or {}
+            if 200 <= code < 300:
+                delivered += 1
+            elif is_monthly_limit(code, answer):
+                self._stop(str(answer.get("error")))
+                self._lose(len(batch) - delivered - len(retry))
+                break
+            elif not is_final(code, answer):
                 retry.append(event)
-            elif code >= 300:
-                self.refused += 1
+            elif _creates_run(event):  # refused for good: nothing of this run may follow
+                self._stop(
+                    f"server {self._url} did not create the run ({code}:"
+                    f" {answer.get('error')}); nothing of this run is sent"
+                )
+                self._lose(1)
+            else:
+                self._lose(1, f"server refused an event ({code}): {answer.get('error')}")
                 if self._notice is None:
-                    self._notice = (
-                        f"server refused an event ({code}): {result['body'].get('error')}"
-                    )
+                    self._notice = self._cause
+        with self._counts:
+            if not self._closed:
+                self.delivered += delivered
         return retry
 
 
-def _error(response: httpx.Response) -> str:
+def _creates_run(event: _Event) -> bool:
+    return event[2] == "/runs" and event[1] == "POST"
+
+
+def _json(response: httpx.Response) -> Any:
     try:
-        return str(response.json().get("error"))
+        return response.json()
     except ValueError:
-        return response.text[:200]
+        return None
+
+
+def _error(response: httpx.Response, body: Any) -> str:
+    if isinstance(body, dict) and "error" in body:
+        return str(body["error"])
+    return response.text[:200]

@@ -73,6 +73,32 @@ def resolve_run_id(run_id: str | None, environ: Mapping[str, str] = os.environ) 
     return uuid.uuid4().hex
 
 
+def unshared_run_warning(run_id: str | None, environ: Mapping[str, str] = os.environ) -> str | None:
+    """Why the ranks of this job would each get a run of their own, when they would: more
+    than one rank (WORLD_SIZE > 1) and nothing that all of them share to agree on an id."""
+    if run_id is not None or environ.get("INSTANTML_RUN_ID") or environ.get("SLURM_JOB_ID"):
+        return None
+    elastic = environ.get("TORCHELASTIC_RUN_ID")
+    if elastic and elastic.lower() != "none":
+        return None
+    try:
+        world = int(environ.get("WORLD_SIZE") or 1)
+    except ValueError:
+        return None
+    if world <= 1:
+        return None
+    launcher = (
+        "torchrun without --rdzv-id (TORCHELASTIC_RUN_ID=none)"
+        if elastic
+        else "no launcher job id (TORCHELASTIC_RUN_ID, SLURM_JOB_ID)"
+    )
+    return (
+        f"WORLD_SIZE={world} but {launcher}: each rank is logging into a run of its own."
+        " Give all ranks one id: torchrun --rdzv-id=<job id>, INSTANTML_RUN_ID=<id> in every"
+        " rank's environment, or init(run_id=...)."
+    )
+
+
 def env_int(name: str, environ: Mapping[str, str] = os.environ) -> int | None:
     raw = environ.get(name)
     if raw is None or raw == "":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from types import TracebackType
 from typing import Any
 from urllib.parse import quote
@@ -151,6 +152,18 @@ class Run:
         return f"Run(run_id={self.run_id!r}, project={self.project!r}, upload_mode={self.upload_mode!r})"
 
 
+_warned_unshared = False
+
+
+def _warn_unshared_run(run_id: str | None) -> None:
+    """Once per process: a multi-rank job whose ranks cannot agree on one run id."""
+    global _warned_unshared
+    message = None if _warned_unshared else sdk_config.unshared_run_warning(run_id)
+    if message is not None:
+        _warned_unshared = True
+        warnings.warn(f"instantml: {message}", RuntimeWarning, stacklevel=3)
+
+
 def _with_marks(body: dict[str, Any], marks: dict[str, str]) -> None:
     """NaN and +-inf travel beside ``metrics`` (JSON has no token for them); a body whose
     values are all non-finite carries only the marks."""
@@ -195,6 +208,7 @@ def init(
         )
     resolved_id = sdk_config.resolve_run_id(run_id)
     env = os.environ
+    _warn_unshared_run(run_id)
     rank = sdk_config.env_int("RANK", env)
     world_size = sdk_config.env_int("WORLD_SIZE", env)
     local_rank = sdk_config.env_int("LOCAL_RANK", env)

@@ -9,9 +9,8 @@ import httpx
 import orjson
 
 from .. import _version
+from ..protocol import is_final, is_monthly_limit
 from .errors import InstantMLError
-
-RETRY_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
 
 
 class Transport:
@@ -40,7 +39,8 @@ class Transport:
         idempotency_key: str | None = None,
         attempts: int = 4,
     ) -> dict[str, Any]:
-        """Send, retrying network errors and 409/429(second)/5xx; raise InstantMLError otherwise."""
+        """Send, retrying network errors and transient answers (an Idempotency-Key in flight,
+        a per-second 429, 5xx); raise InstantMLError otherwise, naming the address."""
         delay = 0.2
         for attempt in range(attempts):
             try:
@@ -49,11 +49,13 @@ class Transport:
                 error: str = f"{method} {path}: cannot reach {self.base_url} ({exc})"
                 retry = True
             else:
-                if response.status_code < 300:
+                status = response.status_code
+                if status < 300:
                     return response.json()
-                error = f"{method} {path}: {response.status_code} {_message(response)}"
-                monthly = response.headers.get("x-instantml-ratelimit-scope") == "monthly"
-                retry = response.status_code in RETRY_STATUSES and not monthly
+                body = _body(response)
+                error = f"{method} {self.base_url}{path}: {status} {_message(response, body)}"
+                scope = response.headers.get("x-instantml-ratelimit-scope")
+                retry = not is_final(status, body) and not is_monthly_limit(status, body, scope)
             if (
                 not retry
                 or attempt == attempts - 1
@@ -68,11 +70,14 @@ class Transport:
         self._client.close()
 
 
-def _message(response: httpx.Response) -> str:
+def _body(response: httpx.Response) -> Any:
     try:
-        payload = response.json()
+        return response.json()
     except ValueError:
-        return response.text[:200]
-    if isinstance(payload, dict) and isinstance(payload.get("error"), str):
-        return payload["error"]
+        return None
+
+
+def _message(response: httpx.Response, body: Any = None) -> str:
+    if isinstance(body, dict) and isinstance(body.get("error"), str):
+        return str(body["error"])
     return response.text[:200]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -59,7 +60,9 @@ def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
     dashboard.install(app)
 
     @app.get("/healthz", include_in_schema=True)
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok", "version": __version__}
+    async def healthz() -> dict[str, str | int]:
+        # The pid lets a launcher (the demo, the tests) tell its own child's answer from
+        # another server's on the same port.
+        return {"status": "ok", "version": __version__, "pid": os.getpid()}
 
     return app

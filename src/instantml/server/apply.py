@@ -7,6 +7,7 @@ from typing import Any
 
 from fastapi import Request
 
+from ..protocol import IN_FLIGHT
 from ..storage.base import Envelope, Idempotency, Outcome, RankEvents, Write
 from . import idempotency
 from .errors import ApiError
@@ -78,7 +79,7 @@ async def apply_one(request: Request, org_id: int, write: Write, body: Any) -> J
     envelope = Envelope(write, idempotency_of(request, org_id, body))
     (outcome,) = await apply_writes(request, org_id, [envelope])
     if outcome is None:
-        raise ApiError(409, idempotency.IN_FLIGHT_ERROR)
+        raise ApiError(409, idempotency.IN_FLIGHT_ERROR, code=IN_FLIGHT)
     headers = dict(outcome.headers or {})
     if outcome.replayed:
         headers["Idempotent-Replayed"] = "true"

@@ -40,13 +40,15 @@ class KeyRing:
         self._verified = {k: r for k, r in self._verified.items() if r.key_id != key_id}
 
     def _verify(self, token: str) -> ApiKeyRecord | None:
+        """The key's record when the secret matches (revoked or not); None otherwise."""
         parts = token.split("_", 2)
         if len(parts) != 3 or parts[0] != "iml":
             return None
         record = self._store.find_api_key(parts[1])
         if record is None or not hmac.compare_digest(record.key_hash, _hash(parts[2])):
             return None
-        self._verified[token] = record
+        if not record.revoked:
+            self._verified[token] = record
         return record
 
     async def authenticate(self, request: Request) -> ApiKeyRecord:
@@ -64,6 +66,8 @@ class KeyRing:
             record = await run_in_threadpool(self._verify, token)
         if record is None:
             raise ApiError(401, "Authorization: invalid API key", {"WWW-Authenticate": "Bearer"})
+        if record.revoked:  # only its holder, who knows the secret, learns this
+            raise ApiError(401, "Authorization: API key revoked", {"WWW-Authenticate": "Bearer"})
         return record
 
 

@@ -10,11 +10,25 @@ from .responses import JSONResponse
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        headers: dict[str, str] | None = None,
+        code: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.headers = headers
+        self.code = code  # machine-readable, where a status alone is ambiguous (protocol.py)
+
+    def body(self) -> dict[str, str]:
+        return (
+            {"error": self.message}
+            if self.code is None
+            else {"error": self.message, "code": self.code}
+        )
 
 
 def bad_input(exc: Exception) -> ApiError:
@@ -30,7 +44,7 @@ def _field_name(loc: tuple[object, ...]) -> str:
 def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse({"error": exc.message}, status_code=exc.status, headers=exc.headers)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(HTTPException)
     async def _http_error(_: Request, exc: HTTPException) -> JSONResponse:

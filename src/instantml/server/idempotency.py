@@ -15,6 +15,7 @@ import msgspec
 import orjson
 import xxhash
 
+from ..protocol import IN_FLIGHT
 from ..storage.base import Idempotency
 from .errors import ApiError
 from .rank_body import RankBody, canonical, rank_route
@@ -90,3 +91,4 @@ class InFlight:
 
 
 IN_FLIGHT_ERROR = "Idempotency-Key: a request with this key is still being processed; retry later"
+IN_FLIGHT_BODY = {"error": IN_FLIGHT_ERROR, "code": IN_FLIGHT}

@@ -153,6 +153,7 @@ class ApiKeyRecord:
     org_id: int
     scopes: frozenset[str]
     key_hash: str
+    revoked: bool = False
 
 
 @dataclass(slots=True)
@@ -207,7 +208,9 @@ class Store(Protocol):
         self, org_id: int, key_id: str, key_hash: str, scopes: frozenset[str]
     ) -> None: ...
 
-    def find_api_key(self, key_id: str) -> ApiKeyRecord | None: ...
+    def find_api_key(self, key_id: str) -> ApiKeyRecord | None:
+        """The key with this id, revoked or not (``revoked`` says); None if there is none."""
+        ...
 
     def count_api_keys(self) -> int: ...
 

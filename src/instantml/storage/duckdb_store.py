@@ -28,6 +28,7 @@ import duckdb
 import numpy as np
 import orjson
 
+from ..protocol import RUN_CONFLICT
 from ..summary import SummaryParams
 from ..summary.step_stats import step_stats
 from . import duckdb_summary
@@ -393,8 +394,8 @@ class DuckDBStore:
         rows = (
             self._cursor()
             .execute(
-                "SELECT key_id, org_id, scopes, key_hash FROM api_keys"
-                " WHERE key_id = ? AND revoked_at IS NULL",
+                "SELECT key_id, org_id, scopes, key_hash, revoked_at IS NOT NULL FROM api_keys"
+                " WHERE key_id = ?",
                 [key_id],
             )
             .fetchall()
@@ -403,7 +404,11 @@ class DuckDBStore:
             return None
         row = rows[0]
         return ApiKeyRecord(
-            key_id=row[0], org_id=row[1], scopes=frozenset(row[2].split(",")), key_hash=row[3]
+            key_id=row[0],
+            org_id=row[1],
+            scopes=frozenset(row[2].split(",")),
+            key_hash=row[3],
+            revoked=bool(row[4]),
         )
 
     def count_api_keys(self) -> int:
@@ -909,7 +914,8 @@ class DuckDBStore:
                     409,
                     {
                         "error": f"id: run {write.run_id!r} already exists in another project"
-                        f" ({record.project!r})"
+                        f" ({record.project!r})",
+                        "code": RUN_CONFLICT,
                     },
                 )
             return Outcome(200, {"run": record.to_json()})

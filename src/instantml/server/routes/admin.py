@@ -32,22 +32,23 @@ async def _is_server_admin(request: Request, key: ApiKeyRecord) -> bool:
 
 async def _target_org(
     request: Request, key: ApiKeyRecord, org: str | None, create: bool = False
-) -> int:
-    """The org a request names (default: the caller's). Another org's name is visible to
-    the server admin only; to anyone else it does not exist (404)."""
+) -> tuple[int, bool]:
+    """The org a request names (default: the caller's), and whether it was created now.
+    Another org's name is visible to the server admin only; to anyone else it does not
+    exist (404)."""
     store = request.app.state.store
     if org is None:
-        return key.org_id
+        return key.org_id, False
     org_id = await run_in_threadpool(store.org_id, org)
     if org_id == key.org_id:
-        return org_id
+        return org_id, False
     if not await _is_server_admin(request, key):
         raise ApiError(404, f"org: no org named {org!r}")
-    if org_id is None:
-        if not create:
-            raise ApiError(404, f"org: no org named {org!r}")
-        org_id = await run_in_threadpool(store.ensure_org, org)
-    return int(org_id)
+    if org_id is not None:
+        return int(org_id), False
+    if not create:
+        raise ApiError(404, f"org: no org named {org!r}")
+    return int(await run_in_threadpool(store.ensure_org, org)), True
 
 
 @router.post("/api/keys", status_code=201, openapi_extra=schemas.CREATE_KEY)
@@ -65,13 +66,19 @@ async def create_key(request: Request, key: Admin) -> JSONResponse:
         or not set(scopes) <= ALL_SCOPES
     ):
         raise ApiError(422, f"scopes must be a non-empty list drawn from {sorted(ALL_SCOPES)}")
-    org_id = await _target_org(request, key, org, create=True)
+    org_id, org_created = await _target_org(request, key, org, create=True)
     token, key_id, key_hash = new_api_key()
     store = request.app.state.store
     await run_in_threadpool(store.add_api_key, org_id, key_id, key_hash, frozenset(scopes))
     name = await run_in_threadpool(store.org_name, org_id)
     return JSONResponse(
-        {"key": token, "key_id": key_id, "org": name, "scopes": sorted(set(scopes))},
+        {
+            "key": token,
+            "key_id": key_id,
+            "org": name,
+            "org_created": org_created,
+            "scopes": sorted(set(scopes)),
+        },
         status_code=201,
     )
 
@@ -84,7 +91,7 @@ async def list_keys(request: Request, key: Admin, org: OrgName = None) -> JSONRe
         if not await _is_server_admin(request, key):
             raise ApiError(403, "org: only the server admin can list every org's keys")
         return JSONResponse({"keys": await run_in_threadpool(store.list_api_keys, None)})
-    org_id = await _target_org(request, key, org)
+    org_id, _ = await _target_org(request, key, org)
     return JSONResponse({"keys": await run_in_threadpool(store.list_api_keys, org_id)})
 
 
@@ -102,7 +109,7 @@ async def revoke_key(request: Request, key_id: str, key: Admin) -> JSONResponse:
 @router.get("/api/usage")
 async def usage(request: Request, key: Read, org: OrgName = None) -> JSONResponse:
     """This UTC month's metric points against the org's limit (null: unlimited)."""
-    org_id = await _target_org(request, key, org)
+    org_id, _ = await _target_org(request, key, org)
     store = request.app.state.store
     body: dict[str, Any] = await run_in_threadpool(store.usage, org_id)
     return JSONResponse({"org": await run_in_threadpool(store.org_name, org_id), **body})
@@ -120,7 +127,7 @@ async def set_limit(request: Request, key: Admin) -> JSONResponse:
     org = body.get("org")
     if org is not None and type(org) is not str:
         raise ApiError(422, "org must be a string")
-    org_id = await _target_org(request, key, org)
+    org_id, _ = await _target_org(request, key, org)
     store = request.app.state.store
     await run_in_threadpool(store.set_monthly_limit, org_id, limit)
     return JSONResponse({"org": await run_in_threadpool(store.org_name, org_id), "limit": limit})

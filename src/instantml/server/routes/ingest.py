@@ -52,7 +52,7 @@ async def ingest(request: Request, key: Ingest) -> JSONResponse:
     clean = False
     try:
         results = await _ingest(request, key, lambda: order.turn(session, seq))
-        clean = all(is_final(result["status"]) for result in results)
+        clean = all(is_final(result["status"], result["body"]) for result in results)
     finally:
         await order.done(session, seq, clean)
     return JSONResponse({"results": results})
@@ -107,17 +107,11 @@ async def _ingest(
     for index, event_id in enumerate(event_ids):
         early = refused.get(index) if refused else None
         if early is not None:
-            results.append(
-                {"event_id": event_id, "status": early.status, "body": {"error": early.message}}
-            )
+            results.append({"event_id": event_id, "status": early.status, "body": early.body()})
             continue
         outcome = next(outcomes)
         if outcome is None:
-            result = {
-                "event_id": event_id,
-                "status": 409,
-                "body": {"error": idempotency.IN_FLIGHT_ERROR},
-            }
+            result = {"event_id": event_id, "status": 409, "body": idempotency.IN_FLIGHT_BODY}
         else:
             result = {"event_id": event_id, "status": outcome.status, "body": outcome.body}
             if outcome.replayed:

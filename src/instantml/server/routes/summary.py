@@ -40,7 +40,10 @@ async def distributed(
             raise ApiError(404, f"run {run_id!r} has no rank metrics yet")
         metric = keys[0]
     elif metric not in keys:
-        raise ApiError(404, f"key: run {run_id!r} has no rank metric {metric!r}")
+        listed = ", ".join(repr(k) for k in keys[:20]) + (", ..." if len(keys) > 20 else "")
+        raise ApiError(
+            404, f"key: run {run_id!r} has no rank metric {metric!r}; its rank metrics: {listed}"
+        )
     try:
         params = SummaryParams(
             metric, step_min, step_max, max_points, heatmap_steps, z, outlier_limit
