@@ -57,19 +57,21 @@ def _metric_name(key: Any, field: str) -> str:
 
 def metric_values(
     data: Any, field: str = "metrics", allow_empty: bool = False
-) -> tuple[dict[str, float], dict[str, str]]:
+) -> tuple[dict[str, float], dict[str, str] | None]:
     """A dict of non-empty string keys (<= 512 UTF-8 bytes) to numbers, as
-    ``(finite values, non-finite marks)``: NaN and +-inf are data (a diverged rank is what
-    the summary must show), returned apart as ``"nan"``, ``"inf"`` or ``"-inf"``.
+    ``(finite values, non-finite marks or None)``: NaN and +-inf are data (a diverged rank
+    is what the summary must show), returned apart as ``"nan"``, ``"inf"`` or ``"-inf"``.
     Empty is refused unless ``allow_empty``; 0-dim arrays count as the number they hold."""
     if not isinstance(data, dict):
         raise TypeError(f"{field} must be an object mapping metric names to numbers")
     if not data and not allow_empty:
         raise ValueError(f"{field} must contain at least one metric")
     out: dict[str, float] = {}
-    marks: dict[str, str] = {}
+    marks: dict[str, str] | None = None  # allocated only for a non-finite value: rare
     for key, value in data.items():
-        _metric_name(key, field)
+        # The name checks of _metric_name, inline: this loop runs on every log_* call.
+        if type(key) is not str or not key or len(key) > MAX_KEY_BYTES // 4:
+            _metric_name(key, field)
         if type(value) is float:
             number = value
         else:
@@ -83,10 +85,12 @@ def metric_values(
                 number = float(value)
             except (OverflowError, TypeError, ValueError):
                 raise ValueError(f"{field}[{key!r}] must be a finite number") from None
-        if number - number != 0.0:  # NaN or +-inf (one subtraction: the hot path)
-            marks[key] = mark_of(number)
-        else:
+        if number - number == 0.0:  # finite (NaN and +-inf give NaN: one subtraction)
             out[key] = number
+        else:
+            if marks is None:
+                marks = {}
+            marks[key] = mark_of(number)
     return out, marks
 
 
@@ -107,7 +111,7 @@ def step(value: Any, field: str = "step") -> int:
     """A finite step >= 0; an integral float (``100.0``) is that integer, ``1.5`` is refused."""
     if type(value) is int:
         number = value
-    elif type(value) is float or _is_number(value := _unwrap(value)):
+    elif type(value) is float or _is_number(value) or _is_number(value := _unwrap(value)):
         as_float = float(value)
         if not math.isfinite(as_float):
             raise ValueError(f"{field} must be finite")
@@ -152,7 +156,11 @@ def weight(value: Any, field: str = "weight") -> float:
     """A finite number > 0; ``None`` means 1.0."""
     if value is None:
         return 1.0
-    if type(value) is not float and not _is_number(value := _unwrap(value)):
+    if (
+        type(value) is not float
+        and not _is_number(value)
+        and not _is_number(value := _unwrap(value))
+    ):
         raise TypeError(f"{field} must be a number, got {type(value).__name__}")
     try:
         number = float(value)
