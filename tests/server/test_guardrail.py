@@ -139,7 +139,10 @@ def test_concurrent_writers_never_overshoot(start_server: Callable[..., ServerPr
     with admin_client(server) as api:
         assert _used(api) == 1000
         stored = sum(len(stored_rank_points(api, "race", f"k{j}")) for j in range(10))
-        assert stored == 8 * 10  # 10 writes of 10 keys, over 8 ranks (later writes replace)
+    # 10 writes of 10 keys were accepted; a later write of the same rank replaces a point.
+    # Which 10 of the 32 won depends on arrival order, so count the ranks they wrote.
+    ranks = {i % 8 for i, status in enumerate(statuses) if status == 200}
+    assert stored == 10 * len(ranks)
 
 
 def test_month_rollover(tmp_path: Path) -> None:
