@@ -13,6 +13,8 @@ import math
 import multiprocessing as mp
 import os
 import random
+import signal
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -79,15 +81,42 @@ def _wait_for_spool(spool_dir: Path, timeout: float) -> bool:
     return True
 
 
+def _cli() -> str:
+    """The CLI as a user can type it: the venv's own ``instantml`` script when there is
+    one (the README's setup puts it in ``.venv/bin``), else this interpreter's module."""
+    script = Path(sys.executable).parent / "instantml"
+    return str(script) if script.exists() else f"{sys.executable} -m instantml"
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM ends the demo like Ctrl-C: the ``finally`` blocks stop the ranks and the
+    server, instead of leaving them running without their parent."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+
+
 def main(
     data_dir: Path, port: int, world_size: int, steps: int, upload_mode: str, serve: bool
 ) -> int:
-    from .server.process import ServerProcess
+    from .server.process import ServerProcess, StartFailed
 
-    server = ServerProcess(data_dir, port=port, log_path=data_dir.parent / "demo-server.log")
+    _stop_on_sigterm()
+    data_dir = data_dir.resolve()
+    # The demo's server keeps its own credentials (its admin key file, passed to the ranks
+    # in the environment): it never writes the user's ~/.instantml/credentials.
+    server = ServerProcess(
+        data_dir,
+        port=port,
+        log_path=data_dir.parent / "demo-server.log",
+        env={"INSTANTML_WRITE_CREDENTIALS": "0"},
+    )
     print(f"Starting the server on {server.url} (data: {data_dir}) ...", flush=True)
-    server.start()
+    procs: list[mp.process.BaseProcess] = []
     try:
+        try:
+            server.start()
+        except StartFailed as exc:
+            print(f"error: the demo server did not start: {exc.reason}", file=sys.stderr)
+            return 1
         run_id = f"demo-{uuid.uuid4().hex[:8]}"
         env = {
             "INSTANTML_RUN_ID": run_id,
@@ -118,20 +147,31 @@ def main(
             f"Job done in {time.perf_counter() - started:.1f}s; exit codes {codes}"
             f" (rank {DEAD_RANK} dies on purpose)"
         )
-        print(f"Run id: {run_id}")
-        print(f"Dashboard: {server.url}/?token={server.admin_key}#/runs/{run_id}")
-        print(f"Summary:   instantml ranks {run_id}   (with INSTANTML_API_BASE_URL={server.url})")
         bad = [r for r, c in codes.items() if c != 0 and r != DEAD_RANK]
         if bad:
             print(f"error: ranks {bad} failed; server log: {server.log()}")
             return 1
+        cli = _cli()
+        key = f"$(cat {data_dir / 'admin-key'})"
+        ranks = f"INSTANTML_API_BASE_URL={server.url} INSTANTML_API_KEY={key} {cli} ranks {run_id}"
+        print(f"Run id: {run_id}")
         if serve:
+            print(f"Dashboard: {server.url}/?token={server.admin_key}#/runs/{run_id}")
+            print(f"Summary:   {ranks}")
             print("Serving; press Ctrl-C to stop.", flush=True)
             try:
                 while server.proc is not None and server.proc.poll() is None:
                     time.sleep(0.5)
             except KeyboardInterrupt:
                 pass
+        else:
+            print("The server is stopped (--no-serve). To look at the run later, start it:")
+            print(f"  {cli} server --data-dir {data_dir} --port {port} --no-credentials")
+            print(f"then open {server.url}/?token={server.admin_key}#/runs/{run_id}, or run:")
+            print(f"  {ranks}")
         return 0
     finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.terminate()
         server.stop()

@@ -30,6 +30,9 @@ class ServerSettings:
     max_body_bytes: int = 64 * 1024 * 1024
     max_batch_events: int = 50_000
     plotly_js: Path | None = None  # a lighter plotly.js bundle to serve instead of the wheel's
+    # On first start on loopback, write ~/.instantml/credentials for the local SDK (when no
+    # such file exists). The demo turns it off: it must not touch the user's own file.
+    write_credentials: bool = True
 
     @property
     def store_url(self) -> str:
@@ -49,6 +52,8 @@ class ServerSettings:
                 env.get("INSTANTML_MONTHLY_METRIC_POINTS"), "INSTANTML_MONTHLY_METRIC_POINTS"
             ),
         }
+        if env.get("INSTANTML_WRITE_CREDENTIALS", "").strip().lower() in ("0", "false", "no"):
+            values["write_credentials"] = False
         if env.get("INSTANTML_PLOTLY_JS"):
             values["plotly_js"] = Path(env["INSTANTML_PLOTLY_JS"]).expanduser()
         max_body = _int_or_none(env.get("INSTANTML_MAX_BODY_BYTES"), "INSTANTML_MAX_BODY_BYTES")

@@ -3,20 +3,25 @@ spool, a refused key, and the background uploader started by init."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import orjson
 import pytest
 
 import instantml as im
-from instantml.server.process import ServerProcess
+from instantml.server.process import ServerProcess, free_port
 from instantml.spool import segments
 from instantml.spool.uploader import DEAD_LETTER
 from tests.helpers import admin_client, stored_keys, stored_rank_points
@@ -37,6 +42,37 @@ def _log(spool: Path, run_id: str, steps: int = 10, world: int = 2) -> None:
                 {"loss": float(step + rank)}, step=step, rank=rank, world_size=world
             )
     run.finish()
+
+
+@contextlib.contextmanager
+def _peer(kind: str) -> Iterator[str]:
+    """An address with nothing listening ("down"), or a peer that accepts and never answers
+    ("hung": a server stuck under load)."""
+    if kind == "down":
+        yield f"http://127.0.0.1:{free_port()}"
+        return
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        sock.settimeout(0.1)
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                held.append(sock.accept()[0])
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join()
+        for conn in held:
+            conn.close()
+        sock.close()
 
 
 def _event_line(run_id: str, event_id: str, body: dict[str, object]) -> bytes:
@@ -214,3 +250,179 @@ def test_stored_keys_after_sync(tmp_path: Path, start_server: Callable[..., Serv
     sync(spool, server.url, server.admin_key)
     with admin_client(server) as api:
         assert [k["key"] for k in stored_keys(api, "keys")] == ["loss"]
+
+
+class _Stderr:
+    """Collects a process's stderr on a thread (so a silent process never blocks a test)."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stderr is not None
+        self._proc = proc
+        self.lines: list[str] = []
+        stream = proc.stderr
+        self._thread = threading.Thread(target=lambda: self.lines.extend(stream), daemon=True)
+        self._thread.start()
+
+    def wait_for(self, text: str, timeout: float = 30) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(text in line for line in list(self.lines)):
+                return True
+            time.sleep(0.02)
+        return False
+
+    def text(self) -> str:
+        """Everything it wrote (call once the process has exited); closes its pipes."""
+        self._thread.join(10)
+        for stream in (self._proc.stdout, self._proc.stderr):
+            if stream is not None:
+                stream.close()
+        return "".join(self.lines)
+
+
+def _intact(spool: Path, segments_count: int = 1) -> bool:
+    found = segments.list_segments(spool)
+    return len(found) == segments_count and all(segments.read_acked(s) == 0 for s in found)
+
+
+def test_an_unreachable_server_is_said_once_retried_and_given_up(tmp_path: Path) -> None:
+    spool = tmp_path / "spool"
+    _log(spool, "away")
+    url = f"http://127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    out = sync(spool, url, "iml_000000000000_x", "--retry-for", "3")
+    took = time.monotonic() - started
+    assert out.returncode == 1
+    assert 3 <= took < 20, took
+    unreachable = [
+        x for x in out.stderr.splitlines() if "server unreachable" in x and "error:" not in x
+    ]
+    # Said when the state changed, not at every try (there were several in 3 s).
+    assert len(unreachable) == 1, out.stderr
+    assert re.search(
+        rf"server unreachable at {url}: ConnectError: .*; retrying in \d+\.\d s$", unreachable[0]
+    ), unreachable[0]
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: gave up after 3 s: server unreachable at {url}")
+    assert "The spool is intact" in last and "Traceback" not in out.stderr
+    assert _intact(spool)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("peer", ["down", "hung"])
+def test_a_signal_stops_the_uploader_within_a_second(
+    tmp_path: Path, sig: signal.Signals, peer: str
+) -> None:
+    spool = tmp_path / "spool"
+    _log(spool, "stop")
+    with _peer(peer) as url:
+        proc = sync_process(spool, url, "iml_000000000000_x", "--follow")
+        err = _Stderr(proc)
+        try:
+            if peer == "down":
+                assert err.wait_for("server unreachable")
+            else:
+                time.sleep(1.5)  # its first request is in flight, and never answered
+            proc.send_signal(sig)
+            started = time.monotonic()
+            proc.wait(timeout=10)
+            took = time.monotonic() - started
+        finally:
+            proc.kill()
+            proc.wait()
+            err.text()
+    assert took < 1.0, took
+    assert proc.returncode == 0  # --follow ends by a signal: that is how it is stopped
+    assert _intact(spool)
+
+
+def test_an_interrupted_drain_says_the_rest_stays(tmp_path: Path) -> None:
+    spool = tmp_path / "spool"
+    _log(spool, "rest")
+    url = f"http://127.0.0.1:{free_port()}"
+    proc = sync_process(spool, url, "iml_000000000000_x")
+    err = _Stderr(proc)
+    try:
+        assert err.wait_for("server unreachable")
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=10)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 1
+    assert "stopped before" in err.text() and "the rest stays in it" in err.text()
+    assert _intact(spool)
+
+
+def test_the_background_uploader_logs_the_outage(tmp_path: Path) -> None:
+    spool, port = tmp_path / "spool", free_port()
+    env = {
+        **os.environ,
+        "INSTANTML_API_BASE_URL": f"http://127.0.0.1:{port}",
+        "INSTANTML_API_KEY": "iml_000000000000_x",
+    }
+    subprocess.run(
+        [sys.executable, "-c", BACKGROUND, str(spool), "bg-away"], env=env, check=True, timeout=60
+    )
+    log = spool / "uploader.log"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and "server unreachable" not in _read(log):
+        time.sleep(0.1)
+    assert f"server unreachable at http://127.0.0.1:{port}: ConnectError" in _read(log)
+    # A server appears there, refusing its key: the uploader stops, spool intact.
+    with ServerProcess(tmp_path / "data", port=port, env={"HOME": str(tmp_path / "h")}):
+        while time.monotonic() < deadline + 30 and segments.locked(spool / "uploader.lock"):
+            time.sleep(0.1)
+    assert not segments.locked(spool / "uploader.lock")
+    assert "401" in _read(log) and _intact(spool)
+
+
+def _read(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
+
+
+def test_a_run_refused_by_the_server_is_set_aside_whole(
+    tmp_path: Path, start_server: Callable[..., ServerProcess]
+) -> None:
+    server = start_server()
+    with admin_client(server) as api:
+        assert api.post("/runs", json={"project": "newcomer", "id": "taken"}).status_code == 201
+    spool = tmp_path / "spool"
+    run = im.init(project="other", run_id="taken", upload_mode="spool", spool_dir=str(spool))
+    for step in range(20):
+        run.log_rank_metrics({"loss": 1.0}, step=step, rank=0, world_size=1)
+    run.finish()
+    _log(spool, "fine")  # another run in the same spool goes through
+    out = sync(spool, server.url, server.admin_key)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "the server refused to create its run (409)" in out.stderr
+    assert "already exists in another project ('newcomer')" in out.stderr
+    assert "1 refused runs set aside" in out.stdout
+    with admin_client(server) as api:
+        assert stored_keys(api, "taken") == []  # nothing landed in newcomer's run
+        assert len(stored_rank_points(api, "fine", "loss")) == 20
+    (kept,) = (spool / "refused").glob("*.jsonl")
+    assert len(kept.read_bytes().splitlines()) == 22  # creation, 20 points, status
+    assert "409" in kept.with_name(kept.name + ".reason").read_text()
+    assert segments.list_segments(spool) == []
+
+
+def test_spool_dir_mistakes_are_one_line(
+    tmp_path: Path, start_server: Callable[..., ServerProcess]
+) -> None:
+    server = start_server()
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    not_a_spool = tmp_path / "project"
+    not_a_spool.mkdir()
+    cases = [
+        (a_file, f"error: --spool-dir {a_file} is a file, not a spool directory"),
+        (tmp_path / "typo", f"error: no spool at {tmp_path / 'typo'}: nothing was spooled there"),
+        (not_a_spool, f"error: {not_a_spool} is not a spool directory (it has no segments/"),
+    ]
+    for path, message in cases:
+        out = sync(path, server.url, server.admin_key)
+        assert out.returncode == 1, out
+        assert out.stderr.strip().splitlines()[-1].startswith(message), out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "typo").exists() and list(not_a_spool.iterdir()) == []

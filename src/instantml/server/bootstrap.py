@@ -6,6 +6,7 @@ import ipaddress
 import os
 from pathlib import Path
 
+from ..sdk.config import read_credentials
 from ..settings import ServerSettings
 from ..storage.base import Store
 from .auth import ALL_SCOPES, new_api_key
@@ -42,14 +43,44 @@ def bootstrap(settings: ServerSettings, store: Store) -> str | None:
     key, key_id, key_hash = new_api_key()
     store.add_api_key(org_id, key_id, key_hash, ALL_SCOPES)
     _write_private(settings.data_dir / "admin-key", key + "\n")
-    credentials = credentials_path()
-    if is_loopback(settings.host) and not credentials.exists():
-        # Same format as the public SDK's credentials file, so either SDK finds the server.
-        _write_private(
-            credentials,
-            f'api_key = "{key}"\napi_host = "{base_url(settings)}"\n',
-        )
     return key
+
+
+def local_credentials(settings: ServerSettings, key: str | None, created: bool) -> list[str]:
+    """Make the local SDK find this server with no setup, where that is ours to do (first
+    start, loopback, no credentials file yet), and say exactly what was done: written, or
+    an existing file kept (with what to use instead when it is for another key or address).
+    The file has the public SDK's format, so either SDK finds the server."""
+    path = credentials_path()
+    url = base_url(settings)
+    if key is None:
+        return []
+    exports = [
+        f"  export INSTANTML_API_BASE_URL={url}",
+        f"  export INSTANTML_API_KEY={key}",
+    ]
+    if path.exists():
+        held = read_credentials(path)
+        if held.get("api_key") == key and held.get("api_host", url).rstrip("/") == url:
+            return [f"Local SDK credentials: {path} (this server and its admin key)"]
+        other = held.get("api_host") or "no address"
+        return [
+            f"Kept {path}: it holds another key or address ({other}), so the SDK there will"
+            " not reach this server. Use this server with:",
+            *exports,
+        ]
+    if not created:
+        why = "it is written on a data dir's first start only"
+    elif not settings.write_credentials:
+        why = "--no-credentials"
+    elif not is_loopback(settings.host):
+        why = "not bound to loopback"
+    else:
+        why = None
+    if why is not None:
+        return [f"No local SDK credentials file ({why}); use this server with:", *exports]
+    _write_private(path, f'api_key = "{key}"\napi_host = "{url}"\n')
+    return [f"Wrote the local SDK credentials (this server and its admin key) to {path}"]
 
 
 def base_url(settings: ServerSettings) -> str:

@@ -1,34 +1,103 @@
-"""``instantml server``: bootstrap the data dir, then serve until SIGTERM or Ctrl-C."""
+"""``instantml server``: take the port and the data dir, bootstrap, then serve until SIGTERM
+or Ctrl-C.
+
+The order matters to a user: the port is bound before anything touches the disk (a busy
+port creates no data dir and prints no key), and the data dir is locked before its store is
+opened (a second server on it says who holds it, instead of a storage engine's traceback).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import gc
+import os
 import signal
+import socket
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import uvicorn
 
 from ..settings import ServerSettings
 from ..storage import UsagePolicy, open_store
 from .app import create_app
-from .bootstrap import base_url, bootstrap, credentials_path
+from .bootstrap import base_url, bootstrap, local_credentials
+
+LOCK_FILE = "server.lock"
+
+
+class StartError(Exception):
+    """Why the server cannot start, in one line."""
+
+
+def _listen(settings: ServerSettings) -> socket.socket:
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((settings.host, settings.port))
+    except OSError as exc:
+        sock.close()
+        hint = (
+            " (another server on it? choose one with --port)"
+            if exc.errno == errno.EADDRINUSE
+            else ""
+        )
+        raise StartError(
+            f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}{hint}"
+        ) from None
+    sock.set_inheritable(True)
+    return sock
+
+
+@contextlib.contextmanager
+def hold_data_dir(data_dir: Path) -> Iterator[None]:
+    """Create the data dir and hold its lock (with our PID in it) for the server's life;
+    the kernel drops the lock however the process ends."""
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise StartError(f"cannot use data dir {data_dir}: {exc.strerror or exc}") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise StartError(
+                f"data dir {data_dir} is in use by another instantml server (PID {holder})"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
 
 
 def serve(settings: ServerSettings) -> None:
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    sock = _listen(settings)
+    try:
+        with hold_data_dir(settings.data_dir):
+            _serve(settings, sock)
+    finally:
+        sock.close()
+
+
+def _serve(settings: ServerSettings, sock: socket.socket) -> None:
     store = open_store(settings.store_url, UsagePolicy(settings.monthly_metric_points))
     try:
         new_key = bootstrap(settings, store)
         url = base_url(settings)
-        if new_key is not None:
-            print(
-                f"Created the admin API key (shown once; also in {settings.data_dir / 'admin-key'}):"
-            )
-            print(f"  {new_key}")
-            if credentials_path().exists():
-                print(f"Local SDK credentials: {credentials_path()}")
         admin_file = settings.data_dir / "admin-key"
+        if new_key is not None:
+            print(f"Created the admin API key (shown once; also in {admin_file}):")
+            print(f"  {new_key}")
         token = admin_file.read_text().strip() if admin_file.exists() else None
+        for line in local_credentials(settings, token, created=new_key is not None):
+            print(line)
         print(f"InstantML server on {url}  (data: {settings.data_dir})")
         if token:
             print(f"Dashboard: {url}/?token={token}")
@@ -39,14 +108,12 @@ def serve(settings: ServerSettings) -> None:
         # of containers, which triggers collections; a full one would otherwise walk this
         # whole heap every few batches (measured: a third of instantml sync's throughput).
         gc.freeze()
-        config = uvicorn.Config(
-            app, host=settings.host, port=settings.port, log_level="warning", lifespan="on"
-        )
+        config = uvicorn.Config(app, log_level="warning", lifespan="on")
         # uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal to
         # whatever handler was there before it. Make that a no-op, so the stores close
         # below and a stop by signal exits 0.
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: None)
-        uvicorn.Server(config).run()
+        uvicorn.Server(config).run(sockets=[sock])
     finally:
         store.close()

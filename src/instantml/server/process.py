@@ -19,6 +19,24 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+class StartFailed(RuntimeError):
+    """The server did not start; ``reason`` is one line saying why."""
+
+    def __init__(self, reason: str, log: str = "") -> None:
+        super().__init__(f"{reason}\n{log}" if log else reason)
+        self.reason = reason
+
+
 class ServerProcess:
     """``instantml server`` on loopback, started in a child process and stopped by SIGTERM."""
 
@@ -41,6 +59,14 @@ class ServerProcess:
         return (self.data_dir / "admin-key").read_text().strip()
 
     def start(self, timeout: float = 30.0) -> ServerProcess:
+        """Start the server and wait until it answers its health check. Raises StartFailed
+        at once when the port is taken, or when the child exits first; a health check
+        answered by any other process (another server on the port) does not count."""
+        if port_in_use(self.port):
+            raise StartFailed(
+                f"port {self.port} on 127.0.0.1 is already in use (another server?);"
+                " choose another with --port"
+            )
         self._log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self._log_path.open("ab")
         self.proc = subprocess.Popen(
@@ -64,15 +90,23 @@ class ServerProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}: {self.log()}")
+                raise StartFailed(self._last_error(), self.log())
             try:
-                if httpx.get(f"{self.url}/healthz", timeout=1.0).status_code == 200:
+                health = httpx.get(f"{self.url}/healthz", timeout=1.0)
+                if health.status_code == 200 and health.json().get("pid") == self.proc.pid:
                     return self
-            except httpx.HTTPError:
+            except (httpx.HTTPError, ValueError, AttributeError):
                 pass
             time.sleep(0.05)
         self.stop()
-        raise RuntimeError(f"server not ready after {timeout}s: {self.log()}")
+        raise StartFailed(
+            f"server not ready after {timeout:g} s (log: {self._log_path})", self.log()
+        )
+
+    def _last_error(self) -> str:
+        lines = [line for line in self.log().splitlines() if line.strip()]
+        last = lines[-1] if lines else "no output"
+        return f"the server exited with status {self.proc.returncode if self.proc else '?'}: {last}"
 
     def log(self) -> str:
         try:

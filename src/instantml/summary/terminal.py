@@ -26,6 +26,19 @@ def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:.4g}"
 
 
+def missing_ranges(missing: list[dict[str, Any]]) -> list[tuple[str, int | None, int]]:
+    """Missing ranks as ``(ranks, last seen, vanished at)`` rows, consecutive ranks that
+    vanished together in one row ("8-511"): a job that lost a node shows one line."""
+    rows: list[tuple[int, int, int | None, int]] = []
+    for m in missing:
+        seen, gone = m["last_seen_step"], m["first_missing_step"]
+        if rows and rows[-1][1] == m["rank"] - 1 and rows[-1][2:] == (seen, gone):
+            rows[-1] = (rows[-1][0], m["rank"], seen, gone)
+        else:
+            rows.append((m["rank"], m["rank"], seen, gone))
+    return [(str(lo) if lo == hi else f"{lo}-{hi}", seen, gone) for lo, hi, seen, gone in rows]
+
+
 def render(summary: dict[str, Any], worst: int = 8, outliers: int = 10) -> Group:
     """Coverage and missing ranks, the worst ranks, the top outliers, and sparklines."""
     steps = summary["steps"]
@@ -41,29 +54,25 @@ def render(summary: dict[str, Any], worst: int = 8, outliers: int = 10) -> Group
     trend = Table.grid(padding=(0, 1))
     trend.add_row(
         "mean   ",
-        sparkline([s["mean"] for s in steps]),
+        sparkline([s["mean"] for s in steps if s["mean"] is not None]),
         f"{_num(steps[0]['mean'])} -> {_num(steps[-1]['mean'])}" if steps else "",
     )
     trend.add_row(
         "p05-p95",
-        sparkline([s["p95"] - s["p05"] for s in steps]),
+        sparkline([s["p95"] - s["p05"] for s in steps if s["p95"] is not None]),
         "spread across ranks" if steps else "",
     )
     trend.add_row(
         "coverage",
-        sparkline([s["count"] / s["expected"] for s in steps]),
+        sparkline([(s["count"] + s["nonfinite"]) / s["expected"] for s in steps]),
         f"{cov['full_steps']} full, {cov['partial_steps']} partial steps",
     )
 
     missing = Table(title="Missing from the last step", title_justify="left", expand=False)
-    for column in ("rank", "last seen", "vanished at"):
+    for column in ("ranks", "last seen", "vanished at"):
         missing.add_column(column, justify="right")
-    for m in cov["missing"]:
-        missing.add_row(
-            str(m["rank"]),
-            str(m["last_seen_step"]) if m["last_seen_step"] is not None else "never",
-            str(m["first_missing_step"]),
-        )
+    for ranks_text, seen, gone in missing_ranges(cov["missing"]):
+        missing.add_row(ranks_text, "never" if seen is None else str(seen), str(gone))
 
     ranks = Table(title=f"Worst ranks (of {len(summary['ranks'])})", title_justify="left")
     for column in (
@@ -74,6 +83,7 @@ def render(summary: dict[str, Any], worst: int = 8, outliers: int = 10) -> Group
         "mean delta",
         "mean |z|",
         "outlier steps",
+        "non-finite",
     ):
         ranks.add_column(column, justify="right")
     for r in summary["ranks"][:worst]:
@@ -85,9 +95,13 @@ def render(summary: dict[str, Any], worst: int = 8, outliers: int = 10) -> Group
             _num(r["mean_delta"]),
             f"{r['mean_abs_z']:.2f}",
             str(r["outlier_steps"]),
+            str(r["nonfinite_steps"]),
         )
 
-    top = Table(title=f"Top outliers (of {len(summary['outliers'])})", title_justify="left")
+    shown = min(outliers, len(summary["outliers"]))
+    top = Table(
+        title=f"Top outliers ({shown} of {summary['outliers_total']})", title_justify="left"
+    )
     for column in ("step", "rank", "value", "step mean", "delta", "z", "robust z"):
         top.add_column(column, justify="right")
     for o in summary["outliers"][:outliers]:
@@ -101,7 +115,18 @@ def render(summary: dict[str, Any], worst: int = 8, outliers: int = 10) -> Group
             f"{o['robust_z']:.2f}",
         )
 
-    parts: list[Any] = [head, Panel(trend, title="across ranks", expand=False)]
+    keys = Text.assemble(("rank metrics: ", "dim"), ", ".join(summary.get("keys", [])))
+    parts: list[Any] = [head, keys, Panel(trend, title="across ranks", expand=False)]
+    first = summary.get("first_nonfinite")
+    if first is not None:
+        total = sum(s["nonfinite"] for s in steps)
+        parts.append(
+            Text(
+                f"First non-finite value: rank {first['rank']} at step {first['step']}"
+                f" ({first['value']}); {total} non-finite values in this range.",
+                style="bold red",
+            )
+        )
     parts.append(
         missing if cov["missing"] else Text("No rank missing from the last step.", style="green")
     )

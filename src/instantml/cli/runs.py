@@ -1,0 +1,111 @@
+"""``instantml runs`` and ``instantml ranks``: runs and their Distributed summary in a
+terminal, for clusters reached over SSH."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+from urllib.parse import quote
+
+from .http import ENV_HELP, CliError, call
+
+
+def _when(timestamp: float | None) -> str:
+    if timestamp is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
+
+
+def runs(args: argparse.Namespace) -> int:
+    params: dict[str, Any] = {"limit": args.limit}
+    if args.project:
+        params["project"] = args.project
+    body = call("GET", "/api/runs", params=params)
+    rows = [
+        (
+            r["id"],
+            r["project"],
+            r["status"],
+            "-" if r["world_size"] is None else str(r["world_size"]),
+            "-" if r["last_step"] is None else str(r["last_step"]),
+            _when(r["updated_at"]),
+        )
+        for r in body["runs"]
+    ]
+    if not rows:
+        where = f" in project {args.project!r}" if args.project else ""
+        print(f"No runs{where}.")
+        return 0
+    header = ("run id", "project", "status", "world size", "last step", "updated")
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    return 0
+
+
+def default_key(keys: list[str]) -> str:
+    """The key to show when none is asked for: a loss if the run has one (``train/loss``
+    first), else the first in sorted order (the server's own default)."""
+    losses = [k for k in keys if "loss" in k.rsplit("/", 1)[-1].lower()]
+    if "train/loss" in losses:
+        return "train/loss"
+    return (losses or keys)[0]
+
+
+def ranks(args: argparse.Namespace) -> int:
+    try:
+        from ..summary.terminal import print_summary
+    except ImportError as exc:
+        raise CliError(
+            f"`instantml ranks` draws with rich ({exc.name} is missing):"
+            " pip install 'instantml[cli]'"
+        ) from None
+    run = quote(args.run_id, safe="")
+    series = call("GET", f"/api/runs/{run}/keys")["keys"]
+    keys = sorted(s["key"] for s in series if s["kind"] == "rank")
+    if not keys:
+        raise CliError(f"run {args.run_id!r} has no rank metrics yet")
+    key = args.key or default_key(keys)
+    if key not in keys:
+        raise CliError(
+            f"run {args.run_id!r} has no rank metric {key!r}; its rank metrics: {', '.join(keys)}"
+        )
+    params = {"key": key, "step_min": args.step_min, "step_max": args.step_max}
+    params["max_points"] = args.width
+    summary = call(
+        "GET",
+        f"/api/runs/{run}/distributed",
+        params={k: v for k, v in params.items() if v is not None},
+    )
+    print_summary(summary)
+    return 0
+
+
+def add_commands(commands: Any) -> None:
+    listing = commands.add_parser(
+        "runs", help="list runs: id, project, status, world size, last step", epilog=ENV_HELP
+    )
+    listing.add_argument("--project", default=None, help="only this project's runs")
+    listing.add_argument(
+        "--limit", type=int, default=50, help="how many, newest first (default 50, at most 1000)"
+    )
+    listing.set_defaults(func=runs)
+
+    summary = commands.add_parser(
+        "ranks",
+        help="the Distributed summary of a run in the terminal",
+        description="Coverage and missing ranks, the noisiest ranks, the top outliers and"
+        " sparklines across ranks, for one rank-metric key of a run.",
+        epilog=ENV_HELP,
+    )
+    summary.add_argument("run_id", help="the run (`instantml runs` lists them)")
+    summary.add_argument(
+        "--key", default=None, help="rank-metric key (default: a loss if the run has one)"
+    )
+    summary.add_argument("--step-min", type=int, default=None, help="first step of the range")
+    summary.add_argument("--step-max", type=int, default=None, help="last step of the range")
+    summary.add_argument(
+        "--width", type=int, default=60, help="sparkline resolution in buckets (default 60)"
+    )
+    summary.set_defaults(func=ranks)

@@ -1,0 +1,98 @@
+"""Where an upload pass stands in each segment: lines read ahead, and the byte offset the
+server has answered up to (the ``.ack`` file), which only ever moves past lines that have
+their final answer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+
+from . import segments
+
+
+class Cursor:
+    """Where a pass stands in one segment: complete lines read ahead, and how far the
+    server has answered (acknowledged only once every line before it has an answer)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.active = segments.writer_active(path)  # before reading: if done, it is complete
+        self.offset = segments.read_acked(path)  # acknowledged
+        self._read = self.offset  # read ahead up to here
+        self._lines: list[bytes] = []
+        self._ends: list[int] = []
+        self._pos = 0
+        self._taken_end = self.offset
+        self.exhausted = False
+        self.missing = False
+
+    def take(self, count: int, read_bytes: int) -> list[Item]:
+        """Up to ``count`` further complete lines; marks the cursor exhausted at the end."""
+        while self._pos == len(self._lines):
+            try:
+                chunk = segments.read_lines(self.path, self._read, read_bytes)
+                if chunk.end == self._read:
+                    if self.path.stat().st_size - self._read < read_bytes:
+                        self.exhausted = True  # nothing more, or only a line being written
+                        return []
+                    read_bytes *= 2  # one line longer than a read: read more
+                    continue
+            except FileNotFoundError:
+                self.exhausted = self.missing = True
+                return []
+            self._lines, self._ends, self._pos = chunk.lines, chunk.ends, 0
+            self._read = chunk.end
+            if not chunk.lines:
+                self._taken_end = chunk.end  # only blank lines: acknowledged with the rest
+        start, self._pos = self._pos, min(self._pos + count, len(self._lines))
+        self._taken_end = self._ends[self._pos - 1]
+        return [
+            (self, line, end)
+            for line, end in zip(
+                self._lines[start : self._pos], self._ends[start : self._pos], strict=True
+            )
+        ]
+
+    def ack(self, offset: int | None = None) -> None:
+        """Every line before ``offset`` (default: every line taken) has its final answer."""
+        offset = self._taken_end if offset is None else offset
+        if offset > self.offset:
+            segments.write_acked(self.path, offset)
+            self.offset = offset
+
+
+Item = tuple[Cursor, bytes, int]  # a line, its segment, and the offset just past it
+
+
+def ack_items(items: list[Item]) -> None:
+    """Acknowledge, per segment, everything up to the last of ``items`` (all answered)."""
+    last: dict[int, tuple[Cursor, int]] = {}
+    for cursor, _, end in items:
+        last[id(cursor)] = (cursor, end)
+    for cursor, end in last.values():
+        cursor.ack(end)
+
+
+def ack_runs(items: list[Item], runs: list[int], answered: int) -> None:
+    """:func:`ack_items` for the first ``answered`` items of a batch whose segments' runs of
+    lines end at the indexes ``runs``: per segment, not per line."""
+    start = 0
+    for stop in runs:
+        if answered <= start:
+            return
+        cursor, _, end = items[min(stop, answered) - 1]
+        cursor.ack(end)
+        start = stop
+
+
+def creates_run(line: bytes) -> bool:
+    """Whether a spooled line is a run's creation (``POST /runs``: the first line ``init``
+    writes to a segment)."""
+    if b'"/runs"' not in line:  # most lines: no parse
+        return False
+    try:
+        request = orjson.loads(line).get("request") or {}
+    except (orjson.JSONDecodeError, AttributeError):
+        return False
+    return request.get("method") == "POST" and request.get("path") == "/runs"
