@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+
 import httpx
 
 
@@ -40,3 +48,44 @@ def admin_client(server: object) -> httpx.Client:
         headers={"Authorization": f"Bearer {server.admin_key}"},  # type: ignore[attr-defined]
         timeout=60,
     )
+
+
+def instantml(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """``instantml ARGS`` as a user runs it: a real process, ``env`` over this one's."""
+    return subprocess.run(
+        [sys.executable, "-m", "instantml", *args],
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@contextlib.contextmanager
+def hung_peer() -> Iterator[str]:
+    """The URL of a peer that accepts connections and never answers: a server stuck under
+    load (for "down", use an address where nothing listens: ``free_port()``)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        sock.settimeout(0.1)
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                held.append(sock.accept()[0])
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join()
+        for conn in held:
+            conn.close()
+        sock.close()

@@ -7,7 +7,6 @@ import argparse
 import http.server
 import os
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,22 +16,14 @@ import pytest
 
 from instantml.cli import build_parser
 from instantml.server.process import ServerProcess, free_port
+from tests.helpers import instantml
 from tests.summary.reference import Point
 from tests.summary.test_reference import ingest
 
 
 def cli(*args: str, url: str, key: str | None, home: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "HOME": str(home), "INSTANTML_API_BASE_URL": url, "COLUMNS": "160"}
-    env.pop("INSTANTML_API_KEY", None)
-    if key is not None:
-        env["INSTANTML_API_KEY"] = key
-    return subprocess.run(
-        [sys.executable, "-m", "instantml", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    env = {"HOME": str(home), "INSTANTML_API_BASE_URL": url, "COLUMNS": "160"}
+    return instantml(*args, env=env | ({"INSTANTML_API_KEY": key} if key else {}))
 
 
 def one_line_error(out: subprocess.CompletedProcess[str]) -> str:

@@ -14,25 +14,16 @@ from pathlib import Path
 import httpx
 
 from instantml.server.process import ServerProcess, free_port
-from tests.helpers import admin_client
+from tests.helpers import admin_client, instantml
+
+
+def _demo_args(tmp_path: Path, *args: str) -> list[str]:
+    return ["demo", "--data-dir", str(tmp_path / "demo-data"), *args]
 
 
 def _demo(tmp_path: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "instantml",
-            "demo",
-            "--data-dir",
-            str(tmp_path / "demo-data"),
-            *args,
-        ],
-        env={**os.environ, "HOME": str(tmp_path / "home")},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    env = {"HOME": str(tmp_path / "home")}
+    return instantml(*_demo_args(tmp_path, *args), env=env, timeout=timeout)
 
 
 def test_demo_then_ranks_as_printed(tmp_path: Path) -> None:
@@ -107,21 +98,9 @@ def test_demo_on_a_busy_port_fails_at_once(tmp_path: Path) -> None:
 
 def test_sigterm_to_the_demo_stops_its_server(tmp_path: Path) -> None:
     port = free_port()
+    args = _demo_args(tmp_path, "--port", str(port), "--steps", "20", "--world-size", "2")
     demo = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "instantml",
-            "demo",
-            "--data-dir",
-            str(tmp_path / "demo-data"),
-            "--port",
-            str(port),
-            "--steps",
-            "20",
-            "--world-size",
-            "2",
-        ],
+        [sys.executable, "-m", "instantml", *args],
         env={**os.environ, "HOME": str(tmp_path / "home")},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import socket
 import statistics
-import threading
 import time
 import uuid
 import warnings
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -17,34 +14,7 @@ import instantml as im
 from instantml.sdk.async_sender import AsyncSender
 from instantml.sdk.transport import Transport
 from instantml.server.process import ServerProcess, free_port
-from tests.helpers import stored_keys, stored_rank_points
-
-
-@pytest.fixture
-def hung_server() -> Iterator[str]:
-    """A peer that accepts connections and never answers: a server stuck under load."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    accepted: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        sock.settimeout(0.1)
-        while not stop.is_set():
-            try:
-                accepted.append(sock.accept()[0])
-            except OSError:
-                continue
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    stop.set()
-    thread.join()
-    for conn in accepted:
-        conn.close()
-    sock.close()
+from tests.helpers import hung_peer, stored_keys, stored_rank_points
 
 
 def _time_loop(run: im.Run, steps: int = 2000) -> list[float]:
@@ -57,10 +27,12 @@ def _time_loop(run: im.Run, steps: int = 2000) -> list[float]:
 
 
 @pytest.mark.parametrize("where", ["down", "hung"])
-def test_loop_stays_in_microseconds_and_finish_keeps_its_timeout(
-    where: str, hung_server: str
-) -> None:
-    url = f"http://127.0.0.1:{free_port()}" if where == "down" else hung_server
+def test_loop_stays_in_microseconds_and_finish_keeps_its_timeout(where: str) -> None:
+    with hung_peer() as hung:
+        _loop_then_finish(f"http://127.0.0.1:{free_port()}" if where == "down" else hung)
+
+
+def _loop_then_finish(url: str) -> None:
     run = im.init(project="p", base_url=url, api_key="iml_x_y", timeout=5.0)
     costs = _time_loop(run)
     # A call that touched the network would cost milliseconds (down) or the 5 s timeout

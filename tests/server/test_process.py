@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from instantml.server.process import ServerProcess, StartFailed, free_port
-from tests.helpers import admin_client, rank_body, stored_rank_points
+from tests.helpers import admin_client, instantml, rank_body, stored_rank_points
 
 
 def test_first_start_bootstrap(start_server: Callable[..., ServerProcess], tmp_path: Path) -> None:
@@ -88,15 +88,8 @@ def test_acknowledged_writes_survive_sigkill(tmp_path: Path) -> None:
         assert len(stored_rank_points(api, "crash", "train/loss")) == 2000
 
 
-def _instantml(*args: str, home: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "HOME": str(home)}
-    return subprocess.run(
-        [sys.executable, "-m", "instantml", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+def _instantml(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
+    return instantml(*args, env={"HOME": str(home)})
 
 
 def test_first_start_says_it_wrote_the_credentials(

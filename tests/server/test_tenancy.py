@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -13,24 +11,14 @@ import httpx
 import pytest
 
 from instantml.server.process import ServerProcess
-from tests.helpers import rank_body
+from tests.helpers import instantml, rank_body
 
 
 def cli(
     server: ServerProcess, *args: str, key: str | None = None
 ) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "INSTANTML_API_BASE_URL": server.url,
-        "INSTANTML_API_KEY": key or server.admin_key,
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "instantml", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    env = {"INSTANTML_API_BASE_URL": server.url, "INSTANTML_API_KEY": key or server.admin_key}
+    return instantml(*args, env=env)
 
 
 def new_key(server: ServerProcess, org: str, *scopes: str) -> str:

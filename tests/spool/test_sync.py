@@ -8,7 +8,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -24,7 +23,7 @@ import instantml as im
 from instantml.server.process import ServerProcess, free_port
 from instantml.spool import segments
 from instantml.spool.uploader import DEAD_LETTER
-from tests.helpers import admin_client, stored_keys, stored_rank_points
+from tests.helpers import admin_client, hung_peer, stored_keys, stored_rank_points
 from tests.spool.conftest import sync, sync_process
 
 
@@ -46,33 +45,12 @@ def _log(spool: Path, run_id: str, steps: int = 10, world: int = 2) -> None:
 
 @contextlib.contextmanager
 def _peer(kind: str) -> Iterator[str]:
-    """An address with nothing listening ("down"), or a peer that accepts and never answers
-    ("hung": a server stuck under load)."""
+    """An address with nothing listening ("down"), or a peer that never answers ("hung")."""
     if kind == "down":
         yield f"http://127.0.0.1:{free_port()}"
         return
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        sock.settimeout(0.1)
-        while not stop.is_set():
-            with contextlib.suppress(OSError):
-                held.append(sock.accept()[0])
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        stop.set()
-        thread.join()
-        for conn in held:
-            conn.close()
-        sock.close()
+    with hung_peer() as url:
+        yield url
 
 
 def _event_line(run_id: str, event_id: str, body: dict[str, object]) -> bytes:

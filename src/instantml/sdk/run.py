@@ -49,7 +49,9 @@ class Run:
 
     @property
     def dropped_events(self) -> int:
-        """Events the async queue dropped because the server was down or slow for too long."""
+        """Events that will not reach the server, whatever the cause: async mode counts those
+        refused, dropped from a full queue or still undelivered when ``finish`` timed out;
+        spool mode those it could not write (a full disk)."""
         return int(getattr(self._sink, "dropped", 0))
 
     def log_rank_metrics(
