@@ -9,6 +9,8 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import quote
 
+import httpx
+
 from .. import validation
 from . import config as sdk_config
 from . import lifecycle
@@ -190,6 +192,7 @@ def init(
     finish_timeout: float = 30.0,
     spool_fsync: str = "periodic",
     spool_uploader: bool = False,
+    transport: httpx.BaseTransport | None = None,
 ) -> Run:
     """Start (or join) a run.
 
@@ -203,6 +206,8 @@ def init(
     ``.instantml/spool``, for ``instantml sync`` to upload; ``spool_uploader=True`` starts
     that uploader in the background, outliving this process until the spool is drained).
     ``spool_fsync``: ``"periodic"`` (default, once a second), ``"event"`` or ``"none"``.
+    ``transport``: an httpx transport for the sync and async modes to send through (an
+    ``httpx.ASGITransport`` in tests, a proxy, a fault injector); default: the network.
     """
     if upload_mode not in UPLOAD_MODES:
         raise ValueError(
@@ -232,9 +237,9 @@ def init(
 
             start_background_uploader(directory, url, key)
     elif upload_mode == "sync":
-        sink = SyncSink(Transport(url, key, timeout))
+        sink = SyncSink(Transport(url, key, timeout, transport))
     else:
-        sink = AsyncSender(Transport(url, key, timeout))
+        sink = AsyncSender(Transport(url, key, timeout, transport))
     # Run creation is an ordinary event: in async mode init never waits on the server.
     try:
         sink.submit("POST", "/runs", body)

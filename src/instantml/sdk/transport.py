@@ -14,7 +14,16 @@ from .errors import InstantMLError
 
 
 class Transport:
-    def __init__(self, base_url: str, api_key: str | None, timeout: float = 10.0) -> None:
+    """``transport``: an httpx transport to send through instead of the network (tests point
+    it at an ASGI app, or at one that injects faults)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None,
+        timeout: float = 10.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
         headers = {
             "Content-Type": "application/json",
             "User-Agent": f"instantml-python/{_version.__version__}",
@@ -22,7 +31,9 @@ class Transport:
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
         self.base_url = base_url
-        self._client = httpx.Client(base_url=base_url, headers=headers, timeout=timeout)
+        self._client = httpx.Client(
+            base_url=base_url, headers=headers, timeout=timeout, transport=transport
+        )
 
     def send(
         self, method: str, path: str, body: Any, idempotency_key: str | None = None

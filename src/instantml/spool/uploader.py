@@ -100,6 +100,7 @@ class Uploader:
         on_progress: Callable[[Stats], None] | None = None,
         notify: Callable[[str], None] | None = None,
         pipeline: int = 2,
+        transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.spool_dir = Path(spool_dir)
         self.base_url = base_url
@@ -107,7 +108,10 @@ class Uploader:
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
         self._client = httpx.Client(
-            base_url=base_url, headers=headers, timeout=httpx.Timeout(timeout, connect=10.0)
+            base_url=base_url,
+            headers=headers,
+            timeout=httpx.Timeout(timeout, connect=10.0),
+            transport=transport,  # tests: a fault-injecting or in-process transport
         )
         self._batch_events = batch_events
         self._batch_bytes = batch_bytes
