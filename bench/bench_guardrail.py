@@ -6,7 +6,7 @@
    a server with a monthly limit (the guardrail checks every event) and on one without
    (unlimited: no check), side by side. Every ingest event carries its Idempotency-Key, as
    the contract requires, so this part cannot switch the idempotency check off.
-2. In the store (the same DuckDB engine and write path, no HTTP): groups of 1,000 rank
+2. In the write service over the stores (the same engine and write path, no HTTP): groups of 1,000 rank
    writes with and without Idempotency-Keys, and with and without a limit.
 """
 
@@ -23,10 +23,11 @@ from pathlib import Path
 
 import httpx
 
+from instantml.server.commands import CreateRun, Envelope, Idempotency, WriteRankPoints
+from instantml.server.guardrail import UsagePolicy
 from instantml.server.process import ServerProcess
-from instantml.storage import UsagePolicy
-from instantml.storage.base import CreateRun, Envelope, Idempotency, WriteRankPoints
-from instantml.storage.duckdb_store import DuckDBStore
+from instantml.server.service import WriteService
+from instantml.storage import open_stores
 
 METRICS = {"train/loss": 0.5, "optimizer/grad_norm": 2.5, "perf/step_ms": 31.0}
 
@@ -75,9 +76,10 @@ def _key(n: int) -> tuple[int, int]:
 
 
 def store_rate(tmp: Path, events: int, idempotency: bool, limit: int | None) -> float:
-    store = DuckDBStore(str(tmp / f"s-{time.time_ns()}.duckdb"), UsagePolicy(default_limit=limit))
-    org = store.ensure_org("o")
-    store.apply([Envelope(CreateRun(org, "r", "p", None, {}, [], {}))])
+    stores = open_stores(f"duckdb://{tmp / f's-{time.time_ns()}.duckdb'}")
+    service = WriteService(stores, UsagePolicy(default_limit=limit))
+    org, _ = stores.tenancy.ensure_org("o")
+    service.apply([Envelope(CreateRun(org, "r", "p", None, {}, [], {}))])
     groups = [
         [
             Envelope(
@@ -100,9 +102,9 @@ def store_rate(tmp: Path, events: int, idempotency: bool, limit: int | None) -> 
     ]
     start = time.perf_counter()
     for group in groups:
-        store.apply(group)
+        service.apply(group)
     elapsed = time.perf_counter() - start
-    store.close()
+    stores.close()
     return events * len(METRICS) / elapsed
 
 

@@ -1,7 +1,7 @@
 """The Distributed summary on a 512-rank run: latency, memory, baselines, growth.
 
     .venv/bin/python bench/bench_summary.py [--steps 10000] [--growth 1000,10000,50000]
-                                             [--load ingest|sql] [--repeats 15]
+                                             [--load ingest|store] [--repeats 15]
 
 For each run size it builds a run of 512 ranks x N steps x 1 key (a slow rank, a noisy rank,
 a rank that stops at 60%, spikes on one shard), starts a real server on it and measures,
@@ -14,7 +14,7 @@ summary there (the tests' reference definitions, vectorised), (b) one plain SQL
 ``GROUP BY step`` with the per-step reducers from raw points in DuckDB.
 
 ``--load ingest`` sends the points through POST /api/ingest (1,000-event batches, as the
-SDK would); ``--load sql`` writes them straight into the store file before the server
+SDK would); ``--load store`` writes them straight through the stores before the server
 starts (same tables, same stale marks; used for the growth series, where ingesting 25M
 points through HTTP would take most of an hour).
 """
@@ -36,44 +36,69 @@ import httpx
 import numpy as np
 
 from instantml.server.bootstrap import bootstrap
+from instantml.server.commands import CreateRun, Envelope
 from instantml.server.process import ServerProcess
+from instantml.server.service import WriteService
 from instantml.settings import ServerSettings
-from instantml.storage.base import CreateRun, Envelope, WriteRankPoints
-from instantml.storage.duckdb_store import DuckDBStore
+from instantml.storage import open_stores
+from instantml.storage.records import RANK
 
 RANKS = 512
 RUN = "bench-512"
 KEY = "train/loss"
 
-# value(step, rank): a decaying loss; rank 7 slower (+0.3), rank 11 noisy, shard 42 spikes
-# every 97 steps, rank 300 stops at 60% of the steps.
-VALUE_SQL = (
-    "2.0 / (1 + s / 1000.0) + (r % 13) * 0.001 + CASE WHEN r = 7 THEN 0.3 ELSE 0 END"
-    " + CASE WHEN r = 11 THEN (random() - 0.5) ELSE (random() - 0.5) * 0.02 END"
-    " + CASE WHEN r = 42 AND s % 97 = 0 THEN 5 ELSE 0 END"
-)
+
+def value(step: int, rng: np.random.Generator) -> np.ndarray:
+    """Every rank's value at a step: a decaying loss; rank 7 slower (+0.3), rank 11 noisy,
+    shard 42 spiking every 97 steps (rank 300's stop is applied by the callers)."""
+    r = np.arange(RANKS)
+    noise = rng.uniform(-0.5, 0.5, RANKS)
+    out = 2.0 / (1 + step / 1000) + (r % 13) * 0.001 + np.where(r == 7, 0.3, 0.0)
+    out += np.where(r == 11, noise, noise * 0.02)
+    out += np.where((r == 42) & (step % 97 == 0), 5.0, 0.0)
+    return out
 
 
-def load_sql(data: Path, steps: int) -> None:
+def load_store(data: Path, steps: int, chunk: int = 200) -> None:
+    """The run written straight through the stores (the point store's write path, per-step
+    aggregates computed as at ingest), without HTTP: for runs that would take most of an
+    hour to send."""
     settings = ServerSettings(data_dir=data)
     data.mkdir(parents=True, exist_ok=True)
-    store = DuckDBStore(str(data / "instantml.duckdb"))
-    bootstrap(settings, store)
-    org = 1
-    store.apply([Envelope(CreateRun(org, RUN, "bench", None, {}, [], {}))])
-    store.apply([Envelope(WriteRankPoints(org, RUN, 0, 0, RANKS, 0, 1.0, {KEY: 1.0}, 0.0))])
-    store.close()
-    con = duckdb.connect(str(data / "instantml.duckdb"))
-    (sid,) = con.execute("SELECT series_id FROM series WHERE key = ?", [KEY]).fetchall()[0]
-    con.execute("SELECT setseed(0.42)")
-    con.execute(
-        "INSERT OR REPLACE INTO rank_points (series_id, step, rank, world_size, local_rank, value,"
-        f" weight, ts) SELECT {sid}, s, r, {RANKS}, r % 8, {VALUE_SQL}, 1 + r % 4, 0"
-        f" FROM range({steps}) t(s), range({RANKS}) u(r) WHERE NOT (r = 300 AND s > {int(steps * 0.6)})"
-    )
-    con.execute(f"INSERT INTO stale_steps SELECT {sid}, s FROM range({steps}) t(s)")
-    con.execute(f"UPDATE runs SET world_size = {RANKS}, last_step = {steps - 1}")
-    con.close()
+    stores = open_stores(settings.metadata_url, settings.points_url)
+    bootstrap(settings, stores.tenancy)
+    org = stores.tenancy.org_id("default")
+    assert org is not None
+    WriteService(stores).apply([Envelope(CreateRun(org, RUN, "bench", None, {}, [], {}))])
+    rng = np.random.default_rng(42)
+    with stores.unit():
+        run = stores.runs.resolve(org, [RUN])[RUN]
+        assert run is not None
+        (sid,) = stores.runs.series_ids(run, RANK, [KEY])
+        stores.runs.extend({run.seq: (RANKS, steps - 1)})
+    ranks = np.arange(RANKS)
+    seq = 0
+    for start in range(0, steps, chunk):
+        block = range(start, min(steps, start + chunk))
+        step = np.repeat(np.array(block, dtype=np.int64), RANKS)
+        rank = np.tile(ranks, len(block))
+        keep = ~((rank == 300) & (step > int(steps * 0.6)))
+        values = np.concatenate([value(s, rng) for s in block])
+        n = int(keep.sum())
+        columns = {
+            "step": step[keep],
+            "rank": rank[keep].astype(np.int16),
+            "world_size": np.full(n, RANKS, dtype=np.int16),
+            "local_rank": (rank[keep] % 8).astype(np.int16),
+            "value": values[keep],
+            "weight": (1 + rank[keep] % 4).astype(np.float64),
+            "ts": np.zeros(n),
+            "seq": seq + np.arange(n, dtype=np.int64),
+        }
+        seq += n
+        with stores.unit():
+            stores.points.write_rank(sid, columns)
+    stores.close()
 
 
 async def load_ingest(url: str, key: str, steps: int) -> float:
@@ -196,8 +221,8 @@ def measure(steps: int, load: str, repeats: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
         ingest_s = float("nan")
-        if load == "sql":
-            load_sql(data, steps)
+        if load == "store":
+            load_store(data, steps)
         server = ServerProcess(data, env={"HOME": tmp}).start()
         try:
             if load == "ingest":
@@ -259,8 +284,10 @@ def report(row: dict[str, float]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=10_000)
-    parser.add_argument("--load", choices=["ingest", "sql"], default="ingest")
-    parser.add_argument("--growth", default="", help="comma-separated step counts, loaded by SQL")
+    parser.add_argument("--load", choices=["ingest", "store"], default="ingest")
+    parser.add_argument(
+        "--growth", default="", help="comma-separated step counts, loaded through the stores"
+    )
     parser.add_argument("--repeats", type=int, default=15)
     args = parser.parse_args()
     print(f"cores: {os.cpu_count()}; medians over {args.repeats} warm requests")
@@ -269,7 +296,7 @@ def main() -> int:
         rows.append(measure(args.steps, args.load, args.repeats))
         report(rows[-1])
     for steps in [int(s) for s in args.growth.split(",") if s]:
-        rows.append(measure(steps, "sql", args.repeats))
+        rows.append(measure(steps, "store", args.repeats))
         report(rows[-1])
     if len(rows) > 1:
         print("\ngrowth (default summary / zoom, warm medians):")

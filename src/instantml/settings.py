@@ -25,7 +25,10 @@ class ServerSettings:
     data_dir: Path
     host: str = "127.0.0.1"
     port: int = 8765
-    storage_url: str | None = None
+    # DESIGN.md "Storage": the metadata stores (orgs, keys, runs, the ledger) and the point
+    # store; both default to the data dir's DuckDB file (one engine, one transaction).
+    metadata_url_setting: str | None = None
+    points_url_setting: str | None = None
     monthly_metric_points: int | None = None
     max_body_bytes: int = 64 * 1024 * 1024
     max_batch_events: int = 50_000
@@ -35,8 +38,12 @@ class ServerSettings:
     write_credentials: bool = True
 
     @property
-    def store_url(self) -> str:
-        return self.storage_url or f"duckdb://{self.data_dir / 'instantml.duckdb'}"
+    def metadata_url(self) -> str:
+        return self.metadata_url_setting or f"duckdb://{self.data_dir / 'instantml.duckdb'}"
+
+    @property
+    def points_url(self) -> str:
+        return self.points_url_setting or self.metadata_url
 
     @classmethod
     def from_env(
@@ -47,7 +54,8 @@ class ServerSettings:
             "data_dir": Path(env.get("INSTANTML_DATA_DIR", "~/.instantml/data")).expanduser(),
             "host": env.get("INSTANTML_HOST", "127.0.0.1"),
             "port": int(env.get("INSTANTML_PORT", "8765")),
-            "storage_url": env.get("INSTANTML_STORAGE_URL") or None,
+            "metadata_url_setting": env.get("INSTANTML_METADATA_URL") or None,
+            "points_url_setting": env.get("INSTANTML_POINTS_URL") or None,
             "monthly_metric_points": _int_or_none(
                 env.get("INSTANTML_MONTHLY_METRIC_POINTS"), "INSTANTML_MONTHLY_METRIC_POINTS"
             ),

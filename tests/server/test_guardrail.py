@@ -16,11 +16,12 @@ from pathlib import Path
 
 import httpx
 
+from instantml.server.commands import CreateRun, Envelope, Idempotency, WriteScalars
+from instantml.server.guardrail import UsagePolicy, usage
 from instantml.server.process import ServerProcess
+from instantml.server.service import WriteService
 from instantml.spool import segments
-from instantml.storage import UsagePolicy
-from instantml.storage.base import CreateRun, Envelope, Idempotency, WriteScalars
-from instantml.storage.duckdb_store import DuckDBStore
+from instantml.storage import open_stores
 from tests.helpers import admin_client, rank_body, stored_keys, stored_rank_points
 from tests.spool.conftest import spawn_rank, sync, sync_process
 
@@ -147,22 +148,22 @@ def test_concurrent_writers_never_overshoot(start_server: Callable[..., ServerPr
 
 def test_month_rollover(tmp_path: Path) -> None:
     now = [float(calendar.timegm((2026, 11, 30, 23, 59, 0)))]  # 23:59 UTC
-    store = DuckDBStore(
-        str(tmp_path / "s.duckdb"), UsagePolicy(default_limit=3, clock=lambda: now[0])
-    )
-    org = store.ensure_org("o")
-    store.apply([Envelope(CreateRun(org, "r", "p", None, {}, [], {}))])
+    stores = open_stores(f"duckdb://{tmp_path / 's.duckdb'}")
+    policy = UsagePolicy(default_limit=3, clock=lambda: now[0])
+    service = WriteService(stores, policy)
+    org, _ = stores.tenancy.ensure_org("o")
+    service.apply([Envelope(CreateRun(org, "r", "p", None, {}, [], {}))])
 
     def write(step: int, n: int, key: int | None = None) -> int:
         metrics = {f"m{i}": 1.0 for i in range(n)}
         idem = Idempotency(key, key, 1) if key is not None else None
-        return store.apply([Envelope(WriteScalars(org, "r", step, metrics, 0.0), idem)])[0].status
+        return service.apply([Envelope(WriteScalars(org, "r", step, metrics, 0.0), idem)])[0].status
 
     assert write(0, 3, key=1) == 200
     assert write(1, 1) == 429
-    assert store.usage(org)["reset_at"] == "2026-12-01T00:00:00Z"
+    assert usage(stores, policy, org)["reset_at"] == "2026-12-01T00:00:00Z"
     now[0] += 120  # December, 00:01 UTC
-    assert store.usage(org) == {
+    assert usage(stores, policy, org) == {
         "month": "2026-12",
         "used": 0,
         "limit": 3,
@@ -171,11 +172,11 @@ def test_month_rollover(tmp_path: Path) -> None:
     assert write(1, 3) == 200
     assert write(0, 3, key=1) == 200  # a replay of November's write: still free
     assert write(2, 1) == 429
-    store.set_monthly_limit(org, 4)
+    stores.tenancy.set_monthly_limit(org, 4)
     assert write(2, 1) == 200
-    store.set_monthly_limit(org, None)
-    assert store.usage(org)["limit"] == 3
-    store.close()
+    stores.tenancy.set_monthly_limit(org, None)
+    assert usage(stores, policy, org)["limit"] == 3
+    stores.close()
 
 
 def test_a_spool_resent_after_an_uploader_kill_is_counted_once(

@@ -1,28 +1,26 @@
-"""Idempotency-Keys are remembered at least 7 days, then forgotten (the store, real engine,
-an injected clock)."""
+"""Idempotency-Keys are remembered at least 7 days, then forgotten (the write service on
+every backend, an injected clock)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from instantml.storage import UsagePolicy
-from instantml.storage.base import CreateRun, Envelope, Idempotency, WriteScalars
-from instantml.storage.duckdb_store import DuckDBStore
+from instantml.server.commands import CreateRun, Envelope, Idempotency, WriteScalars
+from instantml.server.guardrail import UsagePolicy
+from instantml.server.service import WriteService
+from instantml.storage.protocols import Stores
 
 DAY = 86400.0
 
 
-def test_keys_kept_seven_days_then_pruned(tmp_path: Path) -> None:
+def test_keys_kept_seven_days_then_pruned(stores: Stores) -> None:
     now = [1_800_000_000.0]
-    store = DuckDBStore(str(tmp_path / "s.duckdb"), UsagePolicy(clock=lambda: now[0]))
-    org = store.ensure_org("o")
-    store.apply([Envelope(CreateRun(org, "r", "p", None, {}, [], {}))])
+    service = WriteService(stores, UsagePolicy(clock=lambda: now[0]))
+    org, _ = stores.tenancy.ensure_org("o")
+    service.apply([Envelope(CreateRun(org, "r", "p", None, {}, [], {}))])
 
     def write(key: int, step: int) -> tuple[int, bool]:
-        outcome = store.apply(
-            [Envelope(WriteScalars(org, "r", step, {"a": 1.0}, 0.0), Idempotency(key, key, 1))]
-        )[0]
-        return outcome.status, outcome.replayed
+        envelope = Envelope(WriteScalars(org, "r", step, {"a": 1.0}, 0.0), Idempotency(key, key, 1))
+        answer = service.apply([envelope])[0]
+        return answer.status, answer.replayed
 
     assert write(1, 0) == (200, False)
     now[0] += 7 * DAY
@@ -31,4 +29,3 @@ def test_keys_kept_seven_days_then_pruned(tmp_path: Path) -> None:
     assert write(2, 1) == (200, False)  # any write may prune, at most hourly
     assert write(1, 0) == (200, False)  # nine days on: forgotten, applied afresh
     assert write(1, 0) == (200, True)  # and remembered again
-    store.close()

@@ -50,6 +50,8 @@ def _server(args: argparse.Namespace) -> int:
         data_dir=args.data_dir,
         host=args.host,
         port=args.port,
+        metadata_url_setting=args.metadata_url,
+        points_url_setting=args.points_url,
         write_credentials=False if args.no_credentials else None,
     )
     try:
@@ -92,6 +94,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     server.add_argument("--host", default=None, help="address to bind (default 127.0.0.1)")
     server.add_argument("--port", type=int, default=None, help="port (default 8765)")
+    server.add_argument(
+        "--metadata-url",
+        default=None,
+        help="orgs, keys, runs, the ledger: duckdb://PATH (default: INSTANTML_METADATA_URL,"
+        " else the data dir's file)",
+    )
+    server.add_argument(
+        "--points-url",
+        default=None,
+        help="metric points: duckdb://PATH (default: INSTANTML_POINTS_URL, else the metadata URL)",
+    )
     server.add_argument(
         "--no-credentials",
         action="store_true",

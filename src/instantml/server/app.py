@@ -1,4 +1,4 @@
-"""The ASGI application: routes, auth, the writer thread, error shapes."""
+"""The ASGI application: routes, auth, the write path, error shapes."""
 
 from __future__ import annotations
 
@@ -11,36 +11,40 @@ from fastapi import FastAPI
 from .. import dashboard
 from .._version import __version__
 from ..settings import ServerSettings
-from ..storage import Store, UsagePolicy, open_store
+from ..storage import open_stores
+from ..storage.protocols import Stores
 from . import errors
 from .auth import KeyRing
-from .idempotency import InFlight
+from .guardrail import UsagePolicy
 from .responses import JSONResponse
 from .routes import admin, ingest, metrics, runs, summary
+from .service import WriteService
+from .services import Services
 from .upload_order import UploadOrder
 from .writer import GroupCommitter
 
 
-def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
-    """Build the app; it opens ``settings.store_url`` at startup unless given a store."""
+def create_app(settings: ServerSettings, stores: Stores | None = None) -> FastAPI:
+    """Build the app; it opens the stores the settings name at startup unless given them."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        opened = (
-            store
-            if store is not None
-            else open_store(settings.store_url, UsagePolicy(settings.monthly_metric_points))
+        opened = stores or open_stores(settings.metadata_url, settings.points_url)
+        service = WriteService(opened, UsagePolicy(settings.monthly_metric_points))
+        writer = GroupCommitter(service)
+        app.state.services = Services(
+            settings=settings,
+            stores=opened,
+            keys=KeyRing(opened.tenancy),
+            service=service,
+            writer=writer,
+            upload_order=UploadOrder(),
         )
-        app.state.store = opened
-        app.state.keys = KeyRing(opened)
-        app.state.writer = GroupCommitter(opened)
-        app.state.in_flight = InFlight()
-        app.state.upload_order = UploadOrder()
         try:
             yield
         finally:
-            app.state.writer.close()
-            if store is None:
+            writer.close()
+            if stores is None:
                 opened.close()
 
     app = FastAPI(
@@ -50,7 +54,7 @@ def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
         default_response_class=JSONResponse,
         lifespan=lifespan,
     )
-    app.state.settings = settings
+    app.state.settings = settings  # read before startup (body limits, the dashboard)
     errors.install(app)
     app.include_router(runs.router)
     app.include_router(metrics.router)

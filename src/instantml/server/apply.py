@@ -1,4 +1,5 @@
-"""Applying writes through the group committer, with Idempotency-Key semantics."""
+"""Sending writes to the write path from a route: claim their Idempotency-Keys (a key whose
+first request is still being applied answers 409), apply, release."""
 
 from __future__ import annotations
 
@@ -8,64 +9,68 @@ from typing import Any
 from fastapi import Request
 
 from ..protocol import IN_FLIGHT
-from ..storage.base import Envelope, Idempotency, Outcome, RankEvents, Write
+from ..storage.records import Slot
 from . import idempotency
+from .answers import Answer
+from .commands import Envelope, Idempotency, RankEvents, Write
 from .errors import ApiError
 from .responses import JSONResponse
+from .services import services
 
-_PENDING = Outcome(0, {})  # a placeholder: the store has not answered yet
+_PENDING = Answer(0, {})  # a placeholder: the write path has not answered yet
 
 
 async def apply_writes(
     request: Request, org_id: int, envelopes: list[Envelope]
-) -> list[Outcome | None]:
+) -> list[Answer | None]:
     """Apply envelopes in order; one answer per event (a RankEvents envelope holds many),
     ``None`` for those whose key is already in flight (409)."""
-    in_flight = request.app.state.in_flight
-    claimed: set[tuple[int, int, int]] = set()
+    found = services(request)
+    ledger = found.stores.ledger
+    claimed: set[Slot] = set()
     runnable: list[Envelope] = []
-    answers: list[Outcome | None] = []  # _PENDING until the store answers
+    pending: list[Answer | None] = []  # _PENDING until the write path answers
     try:
         for envelope in envelopes:
             write = envelope.write
             if isinstance(write, RankEvents):
                 slots = set(zip(repeat(org_id), write.key_hi, write.key_lo)) - claimed
-                busy = in_flight.claim_all(slots)
+                busy = ledger.claim(slots)
                 claimed.update(slots - busy)
                 if not busy:
                     runnable.append(envelope)
-                    answers.extend([_PENDING] * len(write))
+                    pending.extend([_PENDING] * len(write))
                     continue
                 for single in write.envelopes():  # some are in flight: event by event
                     idem = single.idempotency
                     assert idem is not None
                     if (org_id, idem.key_hi, idem.key_lo) in busy:
-                        answers.append(None)
+                        pending.append(None)
                     else:
                         runnable.append(single)
-                        answers.append(_PENDING)
+                        pending.append(_PENDING)
                 continue
             idem = envelope.idempotency
             if idem is not None and (org_id, idem.key_hi, idem.key_lo) not in claimed:
-                # A key repeated within this batch is fine: the store answers it as a replay.
-                slot = in_flight.claim(org_id, idem)
-                if slot is None:
-                    answers.append(None)
+                # A key repeated within this batch is fine: it is answered as a replay.
+                slot = (org_id, idem.key_hi, idem.key_lo)
+                if ledger.claim({slot}):
+                    pending.append(None)
                     continue
                 claimed.add(slot)
             runnable.append(envelope)
-            answers.append(_PENDING)
-        outcomes = await request.app.state.writer.submit(runnable)
+            pending.append(_PENDING)
+        outcomes = await found.writer.submit(runnable)
     finally:
-        in_flight.release(claimed)
-    each: list[Outcome] = []
+        ledger.release(claimed)
+    each: list[Answer] = []
     for outcome in outcomes:
         if outcome.each is not None:
             each.extend(outcome.each)
         else:
             each.append(outcome)
     answered = iter(each)
-    return [next(answered) if answer is _PENDING else None for answer in answers]
+    return [next(answered) if answer is _PENDING else None for answer in pending]
 
 
 def idempotency_of(request: Request, org_id: int, body: Any) -> Idempotency | None:

@@ -5,13 +5,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from collections.abc import Callable, Coroutine
-from typing import Any
 
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
-from ..storage.base import ApiKeyRecord, Store
+from ..storage.protocols import Tenancy
+from ..storage.records import ApiKeyRecord
 from .errors import ApiError
 
 ALL_SCOPES = frozenset({"admin", "ingest", "read"})
@@ -31,8 +30,8 @@ def _hash(secret: str) -> str:
 class KeyRing:
     """Verifies bearer keys against the store, remembering the ones already verified."""
 
-    def __init__(self, store: Store) -> None:
-        self._store = store
+    def __init__(self, tenancy: Tenancy) -> None:
+        self._tenancy = tenancy
         self._verified: dict[str, ApiKeyRecord] = {}
 
     def forget(self, key_id: str) -> None:
@@ -44,7 +43,7 @@ class KeyRing:
         parts = token.split("_", 2)
         if len(parts) != 3 or parts[0] != "iml":
             return None
-        record = self._store.find_api_key(parts[1])
+        record = self._tenancy.find_api_key(parts[1])
         if record is None or not hmac.compare_digest(record.key_hash, _hash(parts[2])):
             return None
         if not record.revoked:
@@ -69,15 +68,3 @@ class KeyRing:
         if record.revoked:  # only its holder, who knows the secret, learns this
             raise ApiError(401, "Authorization: API key revoked", {"WWW-Authenticate": "Bearer"})
         return record
-
-
-def require(scope: str) -> Callable[[Request], Coroutine[Any, Any, ApiKeyRecord]]:
-    """A FastAPI dependency: the caller's key, which must carry ``scope``."""
-
-    async def dependency(request: Request) -> ApiKeyRecord:
-        record = await request.app.state.keys.authenticate(request)
-        if scope not in record.scopes and "admin" not in record.scopes:
-            raise ApiError(403, f"Authorization: this API key lacks the {scope!r} scope")
-        return record
-
-    return dependency

@@ -17,7 +17,7 @@ async def read_json_object(request: Request) -> dict[str, Any]:
 
 async def read_body(request: Request) -> bytes:
     """The raw body, refused with 413 past the size limit."""
-    limit: int = request.app.state.settings.max_body_bytes
+    limit: int = request.app.state.settings.max_body_bytes  # set before startup
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"request body larger than the {limit}-byte limit")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..sdk.config import read_credentials
 from ..settings import ServerSettings
-from ..storage.base import Store
+from ..storage.protocols import Tenancy
 from .auth import ALL_SCOPES, new_api_key
 
 DEFAULT_ORG = "default"
@@ -35,13 +35,13 @@ def credentials_path() -> Path:
     return Path.home() / ".instantml" / "credentials"
 
 
-def bootstrap(settings: ServerSettings, store: Store) -> str | None:
+def bootstrap(settings: ServerSettings, tenancy: Tenancy) -> str | None:
     """Create the admin key when the store has no key at all; return it (else None)."""
-    if store.count_api_keys() > 0:
+    if tenancy.count_api_keys() > 0:
         return None
-    org_id = store.ensure_org(DEFAULT_ORG)
+    org_id, _ = tenancy.ensure_org(DEFAULT_ORG)
     key, key_id, key_hash = new_api_key()
-    store.add_api_key(org_id, key_id, key_hash, ALL_SCOPES)
+    tenancy.add_api_key(org_id, key_id, key_hash, ALL_SCOPES)
     _write_private(settings.data_dir / "admin-key", key + "\n")
     return key
 

@@ -1,8 +1,8 @@
 """Idempotency-Key handling: keys reduced to 128 bits, requests to a 64-bit fingerprint.
 
-The stored answer lives in the same transaction as the write (see the storage backend);
-this module only names keys and keeps the in-flight set that answers 409 to a repeat that
-arrives while the first is still being applied.
+The stored answer is kept by the ledger in the same unit of work as the write; this module
+only names keys and requests. (Keys whose first request is still being applied are the
+ledger's claims: a repeat then answers 409.)
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import orjson
 import xxhash
 
 from ..protocol import IN_FLIGHT
-from ..storage.base import Idempotency
+from .commands import Idempotency
 from .errors import ApiError
 from .rank_body import RankBody, canonical, rank_route
 
@@ -65,29 +65,6 @@ def make(org_id: int, key: str, method: str, path: str, body: Any) -> Idempotenc
     if not 1 <= len(key) <= MAX_KEY_LENGTH:
         raise ApiError(400, f"Idempotency-Key must be 1-{MAX_KEY_LENGTH} characters")
     return Idempotency(*key_hash(key), fingerprint(method, path, body))
-
-
-class InFlight:
-    """Keys whose first request is being applied right now (one event loop: no lock needed)."""
-
-    def __init__(self) -> None:
-        self._keys: set[tuple[int, int, int]] = set()
-
-    def claim(self, org_id: int, idem: Idempotency) -> tuple[int, int, int] | None:
-        slot = (org_id, idem.key_hi, idem.key_lo)
-        if slot in self._keys:
-            return None
-        self._keys.add(slot)
-        return slot
-
-    def claim_all(self, slots: set[tuple[int, int, int]]) -> set[tuple[int, int, int]]:
-        """Claim every free slot of ``slots``; returns those already in flight (not claimed)."""
-        busy = slots & self._keys
-        self._keys.update(slots - busy if busy else slots)
-        return busy
-
-    def release(self, slots: set[tuple[int, int, int]]) -> None:
-        self._keys.difference_update(slots)
 
 
 IN_FLIGHT_ERROR = "Idempotency-Key: a request with this key is still being processed; retry later"

@@ -22,7 +22,7 @@ from pathlib import Path
 import uvicorn
 
 from ..settings import ServerSettings
-from ..storage import UsagePolicy, open_store
+from ..storage import open_stores
 from .app import create_app
 from .bootstrap import base_url, bootstrap, local_credentials
 
@@ -87,9 +87,9 @@ def serve(settings: ServerSettings) -> None:
 
 
 def _serve(settings: ServerSettings, sock: socket.socket) -> None:
-    store = open_store(settings.store_url, UsagePolicy(settings.monthly_metric_points))
+    stores = open_stores(settings.metadata_url, settings.points_url)
     try:
-        new_key = bootstrap(settings, store)
+        new_key = bootstrap(settings, stores.tenancy)
         url = base_url(settings)
         admin_file = settings.data_dir / "admin-key"
         if new_key is not None:
@@ -102,7 +102,7 @@ def _serve(settings: ServerSettings, sock: socket.socket) -> None:
         if token:
             print(f"Dashboard: {url}/?token={token}")
         sys.stdout.flush()
-        app = create_app(settings, store)
+        app = create_app(settings, stores)
         # Everything alive now (modules, the app, caches) lives as long as the process: take
         # it out of the cyclic collector's reach. An ingest batch allocates tens of thousands
         # of containers, which triggers collections; a full one would otherwise walk this
@@ -116,4 +116,4 @@ def _serve(settings: ServerSettings, sock: socket.socket) -> None:
             signal.signal(sig, lambda *_: None)
         uvicorn.Server(config).run(sockets=[sock])
     finally:
-        store.close()
+        stores.close()

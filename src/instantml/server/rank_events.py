@@ -20,7 +20,7 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
-from ..storage.base import RankEvents
+from .commands import RankEvents
 from .idempotency import MAX_KEY_LENGTH, key_hash, typed_fingerprint
 from .rank_body import RankBody, rank_route
 

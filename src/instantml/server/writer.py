@@ -11,23 +11,25 @@ import asyncio
 import threading
 from collections import deque
 
-from ..storage.base import Envelope, Outcome, Store
+from .answers import Answer, storage_failed
+from .commands import Envelope
 from .errors import ApiError
+from .service import WriteService
 
 IDLE_SECONDS = 0.05  # no write for this long: do background work
 MAX_BACKLOG = 4096  # stale summary steps tolerated while writes keep coming
 
-_Pending = tuple[list[Envelope], "asyncio.Future[list[Outcome]]", asyncio.AbstractEventLoop]
+_Pending = tuple[list[Envelope], "asyncio.Future[list[Answer]]", asyncio.AbstractEventLoop]
 
 
-def _resolve(future: asyncio.Future[list[Outcome]], outcomes: list[Outcome]) -> None:
+def _resolve(future: asyncio.Future[list[Answer]], outcomes: list[Answer]) -> None:
     if not future.done():  # the client may have gone away; the write stands regardless
         future.set_result(outcomes)
 
 
 class GroupCommitter:
-    def __init__(self, store: Store, max_group_writes: int = 50_000) -> None:
-        self._store = store
+    def __init__(self, service: WriteService, max_group_writes: int = 50_000) -> None:
+        self._service = service
         self._max = max_group_writes
         self._pending: deque[_Pending] = deque()
         self._cond = threading.Condition()
@@ -35,11 +37,11 @@ class GroupCommitter:
         self._thread = threading.Thread(target=self._run, name="instantml-writer", daemon=True)
         self._thread.start()
 
-    async def submit(self, envelopes: list[Envelope]) -> list[Outcome]:
+    async def submit(self, envelopes: list[Envelope]) -> list[Answer]:
         if not envelopes:
             return []
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[list[Outcome]] = loop.create_future()
+        future: asyncio.Future[list[Answer]] = loop.create_future()
         with self._cond:
             if self._closed:
                 raise ApiError(503, "server is shutting down; retry")
@@ -63,21 +65,19 @@ class GroupCommitter:
 
     def _run(self) -> None:
         while True:
-            group = self._take(IDLE_SECONDS if self._store.backlog() else None)
+            group = self._take(IDLE_SECONDS if self._service.backlog() else None)
             if not group:
                 if self._closed:
                     return
                 # Idle for a moment: bring summary aggregates up to date, a bounded unit at a
                 # time, so a write arriving now waits for one unit at most.
-                self._store.maintain()
+                self._service.maintain()
                 continue
             flat = [envelope for envelopes, _, _ in group for envelope in envelopes]
             try:
-                outcomes = self._store.apply(flat)
+                outcomes = self._service.apply(flat)
             except Exception as exc:  # storage failure: nothing committed, the client may retry
-                outcomes = [Outcome(503, {"error": f"storage error: {type(exc).__name__}"})] * len(
-                    flat
-                )
+                outcomes = [storage_failed(exc)] * len(flat)
             start = 0
             for envelopes, future, loop in group:
                 end = start + len(envelopes)
@@ -85,8 +85,8 @@ class GroupCommitter:
                 start = end
             # Under sustained load the writer is never idle: keep the backlog bounded, so
             # that a summary read never has more than this to bring up to date.
-            if self._store.backlog() >= MAX_BACKLOG:
-                self._store.maintain()
+            if self._service.backlog() >= MAX_BACKLOG:
+                self._service.maintain()
 
     def close(self) -> None:
         """Finish what is queued, then stop."""

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from .. import validation
-from ..storage.base import (
+from .commands import (
     CreateRun,
     PatchRun,
     Write,

@@ -1,37 +1,117 @@
-"""Storage backends behind one interface, chosen by URL scheme.
+"""Storage by concern, chosen by two URLs (DESIGN.md, "Storage"): the metadata stores
+(tenancy, runs, the ledger) and the point store.
 
-``duckdb:///path/to/file.duckdb`` (the embedded default) or ``duckdb://:memory:``.
-PostgreSQL + ClickHouse register here when they exist; routes never know which it is.
+A registry maps each URL scheme to a factory; ``duckdb://`` (the embedded default) serves
+both. PostgreSQL and ClickHouse register here when they exist; routes and the write
+service only ever see the protocols of :mod:`.protocols`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
-from .base import Store
-from .usage import UsagePolicy
+from .protocols import Ledger, PointStore, Runs, Stores, Tenancy
 
 
-def _open_duckdb(url: str, usage: UsagePolicy) -> Store:
-    from .duckdb_store import DuckDBStore
+@dataclass
+class Metadata:
+    tenancy: Tenancy
+    runs: Runs
+    ledger: Ledger
+    unit: Callable[[], AbstractContextManager[None]]
+    close: Callable[[], None]
 
-    path = url.split("://", 1)[1]
-    return DuckDBStore(path or ":memory:", usage)
+
+@dataclass
+class Points:
+    points: PointStore
+    unit: Callable[[], AbstractContextManager[None]]
+    close: Callable[[], None]
 
 
-BACKENDS: dict[str, Callable[[str, UsagePolicy], Store]] = {"duckdb": _open_duckdb}
+# Engines opened by one open_stores call, by what they open (two URLs naming one DuckDB
+# file share it, and so share its transactions).
+_Engines = dict[str, Any]
 
 
-def open_store(url: str, usage: UsagePolicy | None = None) -> Store:
-    """Open the store a URL names, e.g. ``duckdb:///var/lib/instantml/points.duckdb``;
-    ``usage`` is the monthly guardrail's policy (default: unlimited)."""
+def _duckdb_engine(url: str, engines: _Engines) -> Any:
+    from .duckdb import Engine, engine_path
+
+    path = engine_path(url)
+    if path not in engines:
+        engines[path] = Engine(path)
+    return engines[path]
+
+
+def _duckdb_metadata(url: str, engines: _Engines) -> Metadata:
+    from .duckdb import DuckDBLedger, DuckDBRuns, DuckDBTenancy
+
+    engine = _duckdb_engine(url, engines)
+    return Metadata(
+        DuckDBTenancy(engine), DuckDBRuns(engine), DuckDBLedger(engine), engine.unit, engine.close
+    )
+
+
+def _duckdb_points(url: str, engines: _Engines) -> Points:
+    from .duckdb import DuckDBPoints
+
+    engine = _duckdb_engine(url, engines)
+    return Points(DuckDBPoints(engine), engine.unit, engine.close)
+
+
+METADATA_BACKENDS: dict[str, Callable[[str, _Engines], Metadata]] = {"duckdb": _duckdb_metadata}
+POINT_BACKENDS: dict[str, Callable[[str, _Engines], Points]] = {"duckdb": _duckdb_points}
+
+
+def _factory(registry: dict[str, Callable[[str, _Engines], Any]], url: str, what: str) -> Any:
     scheme = urlsplit(url).scheme
-    factory = BACKENDS.get(scheme)
+    factory = registry.get(scheme)
     if factory is None:
-        known = ", ".join(f"{name}://" for name in sorted(BACKENDS))
-        raise ValueError(f"storage URL {url!r}: unknown scheme {scheme!r} (known: {known})")
-    return factory(url, usage or UsagePolicy())
+        known = ", ".join(f"{name}://" for name in sorted(registry))
+        raise ValueError(f"{what} URL {url!r}: unknown scheme {scheme!r} (known: {known})")
+    return factory
 
 
-__all__ = ["BACKENDS", "Store", "UsagePolicy", "open_store"]
+def open_stores(metadata_url: str, points_url: str | None = None) -> Stores:
+    """Open the stores two URLs name (``points_url`` defaults to ``metadata_url``). Two
+    DuckDB URLs naming the same file share one engine, so a unit of work is one
+    transaction over all four stores."""
+    engines: _Engines = {}
+    points_url = points_url or metadata_url
+    metadata: Metadata = _factory(METADATA_BACKENDS, metadata_url, "metadata")(
+        metadata_url, engines
+    )
+    points: Points = _factory(POINT_BACKENDS, points_url, "points")(points_url, engines)
+    shared = points.unit == metadata.unit  # one DuckDB file: one transaction
+    unit = metadata.unit if shared else _nested(metadata.unit, points.unit)
+
+    def close() -> None:
+        points.close()
+        metadata.close()
+
+    return Stores(metadata.tenancy, metadata.runs, metadata.ledger, points.points, unit, close)
+
+
+def _nested(
+    outer: Callable[[], AbstractContextManager[None]],
+    inner: Callable[[], AbstractContextManager[None]],
+) -> Callable[[], AbstractContextManager[None]]:
+    """A unit over two stores: the points (inner) commit first, then the metadata. Points
+    are idempotent by data, so a metadata commit that fails after them leaves nothing a
+    retry of the same request would not write again."""
+
+    @contextmanager
+    def unit() -> Iterator[None]:
+        with ExitStack() as stack:
+            stack.enter_context(outer())
+            stack.enter_context(inner())
+            yield
+
+    return unit
+
+
+__all__ = ["METADATA_BACKENDS", "POINT_BACKENDS", "Stores", "open_stores"]

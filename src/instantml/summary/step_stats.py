@@ -1,16 +1,16 @@
-"""The per-step reducers and per-point scores of DESIGN.md, over numpy columns.
-
-The store computes these in SQL when it refreshes stale steps; for steps that arrive
-whole in one write group (an uploader's batch holds the same steps of every rank) it
-computes them here instead, while staging, so those points are inserted with their scores
-and never need the refresh's UPDATE. Both follow the same definitions:
+"""The per-step reducers and per-point scores of DESIGN.md, over numpy columns: the one
+implementation every point store uses, when it stages new steps and when it refreshes
+stale ones. The definitions:
 
 - ``mean`` and ``weighted_mean`` are exactly the value when every value is equal;
 - ``std`` is the population deviation ``sqrt(sum((v - mean)^2) / n)``;
 - ``p05``/``p50``/``p95`` interpolate linearly between closest ranks (``quantile_cont``);
 - ``mad`` is the median of ``|v - p50|``, ``mean_ad`` its mean;
 - ``z = (v - mean) / std`` (0 when std is 0); ``robust_z = 0.6745 (v - p50) / mad``, or
-  ``0.7979 (v - p50) / mean_ad`` when mad is 0, or 0 when both are.
+  ``0.7979 (v - p50) / mean_ad`` when mad is 0, or 0 when both are;
+- a NaN or +-inf value is a mark (DESIGN.md, "Non-finite values"): it counts in its step's
+  ``expected`` and ``nonfinite`` and nowhere else; it has no scores (NaN), and a step whose
+  values are all marks has ``n`` 0 and NaN reducers.
 """
 
 from __future__ import annotations
@@ -30,11 +30,48 @@ def _quantile(
     return low + fraction * (high - low)
 
 
+STAT_NAMES = (
+    "mean", "weighted_mean", "min", "max", "std", "p05", "p50", "p95", "mad", "mean_ad"
+)  # fmt: skip
+
+
 def step_stats(
     steps: np.ndarray, values: np.ndarray, weights: np.ndarray, world_sizes: np.ndarray
 ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, np.ndarray]:
     """``(stats, delta, z, robust_z)``: one row of stats per distinct step (ascending), and
     the scores of each point in the order given. One point per (step, rank) expected."""
+    finite = np.isfinite(values)
+    if finite.all():
+        stats, delta, z, robust = _finite_stats(steps, values, weights, world_sizes)
+        stats["nonfinite"] = np.zeros(len(stats["step"]), dtype=np.int64)
+        return stats, delta, z, robust
+    # Marks: reducers and scores from the finite values; every point counts for expected.
+    all_steps, where = np.unique(steps, return_inverse=True)
+    expected = np.zeros(len(all_steps), dtype=np.int64)
+    np.maximum.at(expected, where, world_sizes.astype(np.int64))
+    stats = {
+        "step": all_steps,
+        "n": np.zeros(len(all_steps), dtype=np.int64),
+        "expected": expected,
+        "nonfinite": np.bincount(where, weights=~finite, minlength=len(all_steps)).astype(np.int64),
+        **{name: np.full(len(all_steps), np.nan) for name in STAT_NAMES},
+    }
+    scores = np.full((3, len(values)), np.nan)
+    if finite.any():
+        part, delta, z, robust = _finite_stats(
+            steps[finite], values[finite], weights[finite], world_sizes[finite]
+        )
+        rows = np.searchsorted(all_steps, part["step"])
+        stats["n"][rows] = part["n"]
+        for name in STAT_NAMES:
+            stats[name][rows] = part[name]
+        scores[:, finite] = delta, z, robust
+    return stats, scores[0], scores[1], scores[2]
+
+
+def _finite_stats(
+    steps: np.ndarray, values: np.ndarray, weights: np.ndarray, world_sizes: np.ndarray
+) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, np.ndarray]:
     order = np.lexsort((values, steps))
     s_step, v, w = steps[order], values[order], weights[order]
     first = np.r_[True, s_step[1:] != s_step[:-1]]

@@ -4,18 +4,19 @@ and reads its usage; only the server admin sets limits."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
 from starlette.concurrency import run_in_threadpool
 
-from ...storage.base import ApiKeyRecord
-from .. import schemas
-from ..auth import ALL_SCOPES, new_api_key, require
+from ...storage.records import ApiKeyRecord
+from .. import guardrail, schemas
+from ..auth import ALL_SCOPES, new_api_key
 from ..body import read_json_object
 from ..bootstrap import DEFAULT_ORG
 from ..errors import ApiError
 from ..responses import JSONResponse
+from ..services import require, services
 
 router = APIRouter()
 Admin = Annotated[ApiKeyRecord, Depends(require("admin"))]
@@ -26,7 +27,7 @@ OrgName = Annotated[str | None, Query(min_length=1, max_length=256)]
 async def _is_server_admin(request: Request, key: ApiKeyRecord) -> bool:
     if "admin" not in key.scopes:
         return False
-    name = await run_in_threadpool(request.app.state.store.org_name, key.org_id)
+    name = await run_in_threadpool(services(request).stores.tenancy.org_name, key.org_id)
     return bool(name == DEFAULT_ORG)
 
 
@@ -36,10 +37,10 @@ async def _target_org(
     """The org a request names (default: the caller's), and whether it was created now.
     Another org's name is visible to the server admin only; to anyone else it does not
     exist (404)."""
-    store = request.app.state.store
+    tenancy = services(request).stores.tenancy
     if org is None:
         return key.org_id, False
-    org_id = await run_in_threadpool(store.org_id, org)
+    org_id = await run_in_threadpool(tenancy.org_id, org)
     if org_id == key.org_id:
         return org_id, False
     if not await _is_server_admin(request, key):
@@ -48,7 +49,7 @@ async def _target_org(
         return int(org_id), False
     if not create:
         raise ApiError(404, f"org: no org named {org!r}")
-    return int(await run_in_threadpool(store.ensure_org, org)), True
+    return await run_in_threadpool(tenancy.ensure_org, org)
 
 
 @router.post("/api/keys", status_code=201, openapi_extra=schemas.CREATE_KEY)
@@ -68,9 +69,9 @@ async def create_key(request: Request, key: Admin) -> JSONResponse:
         raise ApiError(422, f"scopes must be a non-empty list drawn from {sorted(ALL_SCOPES)}")
     org_id, org_created = await _target_org(request, key, org, create=True)
     token, key_id, key_hash = new_api_key()
-    store = request.app.state.store
-    await run_in_threadpool(store.add_api_key, org_id, key_id, key_hash, frozenset(scopes))
-    name = await run_in_threadpool(store.org_name, org_id)
+    tenancy = services(request).stores.tenancy
+    await run_in_threadpool(tenancy.add_api_key, org_id, key_id, key_hash, frozenset(scopes))
+    name = await run_in_threadpool(tenancy.org_name, org_id)
     return JSONResponse(
         {
             "key": token,
@@ -86,23 +87,24 @@ async def create_key(request: Request, key: Admin) -> JSONResponse:
 @router.get("/api/keys")
 async def list_keys(request: Request, key: Admin, org: OrgName = None) -> JSONResponse:
     """Keys of an org (never their secrets); the server admin may ask for ``org=*``."""
-    store = request.app.state.store
+    tenancy = services(request).stores.tenancy
     if org == "*":
         if not await _is_server_admin(request, key):
             raise ApiError(403, "org: only the server admin can list every org's keys")
-        return JSONResponse({"keys": await run_in_threadpool(store.list_api_keys, None)})
+        return JSONResponse({"keys": await run_in_threadpool(tenancy.list_api_keys, None)})
     org_id, _ = await _target_org(request, key, org)
-    return JSONResponse({"keys": await run_in_threadpool(store.list_api_keys, org_id)})
+    return JSONResponse({"keys": await run_in_threadpool(tenancy.list_api_keys, org_id)})
 
 
 @router.delete("/api/keys/{key_id}")
 async def revoke_key(request: Request, key_id: str, key: Admin) -> JSONResponse:
     """Revoke a key; it is refused from the next request on."""
     scope = None if await _is_server_admin(request, key) else key.org_id
-    revoked = await run_in_threadpool(request.app.state.store.revoke_api_key, key_id, scope)
+    found = services(request)
+    revoked = await run_in_threadpool(found.stores.tenancy.revoke_api_key, key_id, scope)
     if not revoked:
         raise ApiError(404, f"key {key_id!r} not found")
-    request.app.state.keys.forget(key_id)
+    found.keys.forget(key_id)
     return JSONResponse({"key_id": key_id, "revoked": True})
 
 
@@ -110,9 +112,10 @@ async def revoke_key(request: Request, key_id: str, key: Admin) -> JSONResponse:
 async def usage(request: Request, key: Read, org: OrgName = None) -> JSONResponse:
     """This UTC month's metric points against the org's limit (null: unlimited)."""
     org_id, _ = await _target_org(request, key, org)
-    store = request.app.state.store
-    body: dict[str, Any] = await run_in_threadpool(store.usage, org_id)
-    return JSONResponse({"org": await run_in_threadpool(store.org_name, org_id), **body})
+    found = services(request)
+    body = await run_in_threadpool(guardrail.usage, found.stores, found.service.policy, org_id)
+    name = await run_in_threadpool(found.stores.tenancy.org_name, org_id)
+    return JSONResponse({"org": name, **body})
 
 
 @router.put("/api/usage/limit", openapi_extra=schemas.SET_LIMIT)
@@ -128,6 +131,6 @@ async def set_limit(request: Request, key: Admin) -> JSONResponse:
     if org is not None and type(org) is not str:
         raise ApiError(422, "org must be a string")
     org_id, _ = await _target_org(request, key, org)
-    store = request.app.state.store
-    await run_in_threadpool(store.set_monthly_limit, org_id, limit)
-    return JSONResponse({"org": await run_in_threadpool(store.org_name, org_id), "limit": limit})
+    tenancy = services(request).stores.tenancy
+    await run_in_threadpool(tenancy.set_monthly_limit, org_id, limit)
+    return JSONResponse({"org": await run_in_threadpool(tenancy.org_name, org_id), "limit": limit})

@@ -10,13 +10,14 @@ import msgspec
 from fastapi import APIRouter, Depends, Request
 
 from ...protocol import UPLOAD_ORDER_HEADER, is_final
-from ...storage.base import ApiKeyRecord, Envelope
+from ...storage.records import ApiKeyRecord
 from .. import idempotency, rank_events, schemas, upload_order, writes
 from ..apply import apply_writes
-from ..auth import require
 from ..body import parse_object, parse_value, read_body, refuse_tokens
+from ..commands import Envelope
 from ..errors import ApiError
 from ..responses import JSONResponse
+from ..services import require, services
 
 router = APIRouter()
 Ingest = Annotated[ApiKeyRecord, Depends(require("ingest"))]
@@ -48,7 +49,7 @@ async def ingest(request: Request, key: Ingest) -> JSONResponse:
     if header is None:
         return JSONResponse({"results": await _ingest(request, key, None)})
     session, seq = upload_order.parse(header)
-    order: upload_order.UploadOrder = request.app.state.upload_order
+    order = services(request).upload_order
     clean = False
     try:
         results = await _ingest(request, key, lambda: order.turn(session, seq))
@@ -69,7 +70,7 @@ async def _ingest(
         events = body.get("events")
         if not isinstance(events, list):
             raise ApiError(422, "events must be a list")
-    limit = request.app.state.settings.max_batch_events
+    limit = services(request).settings.max_batch_events
     if len(events) > limit:
         raise ApiError(413, f"events: at most {limit} events per batch, got {len(events)}")
     event_ids: list[str | None] = []

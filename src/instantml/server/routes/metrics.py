@@ -8,14 +8,15 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 from starlette.concurrency import run_in_threadpool
 
-from ...storage.base import ApiKeyRecord
+from ...storage.protocols import Stores
+from ...storage.records import RANK, SCALAR, ApiKeyRecord
 from ...validation import mark_of
 from .. import schemas, writes
 from ..apply import apply_one
-from ..auth import require
 from ..body import read_json_object
 from ..errors import ApiError
 from ..responses import JSONResponse
+from ..services import require, services
 
 router = APIRouter()
 Ingest = Annotated[ApiKeyRecord, Depends(require("ingest"))]
@@ -44,15 +45,31 @@ async def log_attributes(request: Request, run_id: str, key: Ingest) -> JSONResp
 @router.get("/api/runs/{run_id}/keys")
 async def list_keys(request: Request, run_id: str, key: Read) -> dict[str, Any]:
     """Every metric key of the run, rank-scoped and scalar, with point counts."""
-    series = await run_in_threadpool(request.app.state.store.list_series, key.org_id, run_id)
+    series = await run_in_threadpool(_series, services(request).stores, key.org_id, run_id)
     if series is None:
         raise ApiError(404, f"run {run_id!r} not found")
-    return {
-        "keys": [
-            {"key": s.key, "kind": s.kind, "points": s.points, "last_step": s.last_step}
-            for s in series
-        ]
-    }
+    return {"keys": series}
+
+
+def _series(stores: Stores, org_id: int, run_id: str) -> list[dict[str, Any]] | None:
+    found = stores.runs.series(org_id, run_id)
+    if found is None:
+        return None
+    counts = stores.points.counts([sid for sid, _, _ in found])
+    listed = []
+    for sid, kind, name in sorted(found, key=lambda s: (s[2], s[1])):
+        points, last = counts.get(sid, (0, None))
+        if points:  # a series staged by a unit that then failed has none: not shown
+            kind_name = "rank" if kind == RANK else "scalar"
+            listed.append({"key": name, "kind": kind_name, "points": points, "last_step": last})
+    return listed
+
+
+def _points(stores: Stores, org_id: int, run_id: str, kind: int, metric: str) -> list[Any] | None:
+    sid = stores.runs.series_id(org_id, run_id, kind, metric)
+    if sid is None:
+        return None
+    return (stores.points.rank_points if kind == RANK else stores.points.scalar_points)(sid)
 
 
 @router.get("/api/runs/{run_id}/metrics")
@@ -61,17 +78,12 @@ async def scalar_series(
 ) -> dict[str, Any]:
     """One scalar series: ``points`` as ``[step, value]`` pairs (finite values), and
     ``nonfinite`` as ``[step, "nan" | "inf" | "-inf"]`` pairs."""
-    points = await run_in_threadpool(
-        request.app.state.store.scalar_points, key.org_id, run_id, metric
-    )
+    stores = services(request).stores
+    points = await run_in_threadpool(_points, stores, key.org_id, run_id, SCALAR, metric)
     if points is None:
         raise ApiError(404, f"metric {metric!r} of run {run_id!r} not found")
     finite = [p for p in points if math.isfinite(p[1])]
-    marks = (
-        [[s, mark_of(v)] for s, v in points if not math.isfinite(v)]
-        if len(finite) < len(points)
-        else []
-    )
+    marks = [[s, mark_of(v)] for s, v in points if not math.isfinite(v)]
     return {"run_id": run_id, "key": metric, "points": finite, "nonfinite": marks}
 
 
@@ -81,9 +93,8 @@ async def rank_series(
 ) -> dict[str, Any]:
     """Every stored rank point of one key: ``[step, rank, value, weight, local_rank,
     world_size]``; a non-finite value as its mark, ``"nan"``, ``"inf"`` or ``"-inf"``."""
-    points = await run_in_threadpool(
-        request.app.state.store.rank_points, key.org_id, run_id, metric
-    )
+    stores = services(request).stores
+    points = await run_in_threadpool(_points, stores, key.org_id, run_id, RANK, metric)
     if points is None:
         raise ApiError(404, f"rank metric {metric!r} of run {run_id!r} not found")
     shown = [p if math.isfinite(p[2]) else (p[0], p[1], mark_of(p[2]), *p[3:]) for p in points]

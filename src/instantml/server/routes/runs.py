@@ -7,13 +7,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 from starlette.concurrency import run_in_threadpool
 
-from ...storage.base import ApiKeyRecord
+from ...storage.records import ApiKeyRecord
 from .. import schemas, writes
 from ..apply import apply_one
-from ..auth import require
 from ..body import read_json_object
 from ..errors import ApiError
 from ..responses import JSONResponse
+from ..services import require, services
 
 router = APIRouter()
 Ingest = Annotated[ApiKeyRecord, Depends(require("ingest"))]
@@ -29,7 +29,7 @@ async def create_run(request: Request, key: Ingest) -> JSONResponse:
 
 @router.get("/runs/{run_id}")
 async def get_run(request: Request, run_id: str, key: Read) -> dict[str, Any]:
-    record = await run_in_threadpool(request.app.state.store.get_run, key.org_id, run_id)
+    record = await run_in_threadpool(services(request).stores.runs.get_run, key.org_id, run_id)
     if record is None:
         raise ApiError(404, f"run {run_id!r} not found")
     return {"run": record.to_json()}
@@ -49,5 +49,6 @@ async def list_runs(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> dict[str, Any]:
     """The org's runs, newest first, optionally of one project."""
-    records = await run_in_threadpool(request.app.state.store.list_runs, key.org_id, project, limit)
+    runs = services(request).stores.runs
+    records = await run_in_threadpool(runs.list_runs, key.org_id, project, limit)
     return {"runs": [record.to_json() for record in records]}

@@ -7,10 +7,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 from starlette.concurrency import run_in_threadpool
 
-from ...storage.base import ApiKeyRecord, Envelope, Refresh
+from ...storage.records import RANK, ApiKeyRecord
 from ...summary import SummaryParams
-from ..auth import require
+from ...summary.assemble import assemble
+from ..commands import Envelope, Refresh
 from ..errors import ApiError
+from ..services import require, services
 
 router = APIRouter()
 Read = Annotated[ApiKeyRecord, Depends(require("read"))]
@@ -31,15 +33,18 @@ async def distributed(
 ) -> dict[str, Any]:
     """Reducers across ranks per step, coverage, rank x step heatmap, outliers and the
     per-rank rollup of one key (default: the first key in sorted order)."""
-    store = request.app.state.store
-    keys = await run_in_threadpool(store.rank_keys, key.org_id, run_id)
-    if keys is None:
+    found = services(request)
+    runs, points = found.stores.runs, found.stores.points
+    series = await run_in_threadpool(runs.series, key.org_id, run_id)
+    if series is None:
         raise ApiError(404, f"run {run_id!r} not found")
+    ids = {name: sid for sid, kind, name in series if kind == RANK}
+    keys = sorted(ids)
     if metric is None:
         if not keys:
             raise ApiError(404, f"run {run_id!r} has no rank metrics yet")
         metric = keys[0]
-    elif metric not in keys:
+    elif metric not in ids:
         listed = ", ".join(repr(k) for k in keys[:20]) + (", ..." if len(keys) > 20 else "")
         raise ApiError(
             404, f"key: run {run_id!r} has no rank metric {metric!r}; its rank metrics: {listed}"
@@ -50,7 +55,10 @@ async def distributed(
         )
     except ValueError as exc:
         raise ApiError(422, str(exc)) from None
-    if store.needs_refresh(key.org_id, run_id, metric):
-        await request.app.state.writer.submit([Envelope(Refresh(key.org_id, run_id, metric))])
-    body = await run_in_threadpool(store.distributed_summary, key.org_id, run_id, metric, params)
-    return {"run_id": run_id, "key": metric, "keys": keys, **body}
+    sid = ids[metric]
+    # Answer with every point committed before the request: stale aggregates are brought
+    # up to date first, by the writer (the only thread that writes).
+    if await run_in_threadpool(points.needs_refresh, sid):
+        await found.writer.submit([Envelope(Refresh(key.org_id, run_id, metric))])
+    rows = await run_in_threadpool(points.summary_rows, sid, params)
+    return {"run_id": run_id, "key": metric, "keys": keys, **assemble(rows, params)}

@@ -1,4 +1,5 @@
-"""The monthly metric-point guardrail: UTC calendar months and the refusal it answers with."""
+"""The monthly metric-point guardrail's policy: the server-wide default limit, the clock,
+and UTC calendar months."""
 
 from __future__ import annotations
 
@@ -6,10 +7,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
 
-from .base import Outcome
-
-SCOPE_HEADER = "X-InstantML-RateLimit-Scope"
+if TYPE_CHECKING:
+    from ..storage.protocols import Stores
 
 
 def month_of(now: float) -> str:
@@ -31,16 +32,14 @@ class UsagePolicy:
     clock: Callable[[], float] = field(default=time.time)
 
 
-def refusal(limit: int, used: int, points: int, now: float) -> Outcome:
-    return Outcome(
-        429,
-        {
-            "error": f"monthly metric-point limit reached: limit {limit}, used {used},"
-            f" this write {points}; the limit resets at {reset_at(now)}",
-            "scope": "monthly",
-            "limit": limit,
-            "used": used,
-            "reset_at": reset_at(now),
-        },
-        headers={SCOPE_HEADER: "monthly"},
-    )
+def usage(stores: Stores, policy: UsagePolicy, org_id: int) -> dict[str, Any]:
+    """This month's metric points of an org: ``{"month", "used", "limit", "reset_at"}``."""
+    now = policy.clock()
+    month = month_of(now)
+    own = stores.tenancy.monthly_limit(org_id)
+    return {
+        "month": month,
+        "used": stores.ledger.used(org_id, month),
+        "limit": policy.default_limit if own is None else own,
+        "reset_at": reset_at(now),
+    }

@@ -1,0 +1,313 @@
+"""The write service: the contract of every write (DESIGN.md, "Wire protocol"), in one place.
+
+For a group of writes, in one unit of work over the stores, in order: replay what an
+Idempotency-Key already answered (422 when the request differs), resolve runs, charge the
+monthly guardrail (a write of n points refused whole when it would cross the limit),
+write, and keep each 2xx answer for the key's replays. Stores only keep and return data
+(``storage.protocols``); answers in HTTP terms come from ``answers.py``.
+
+An ingest batch's plain rank events (every run known, every key new and distinct, the
+limit out of reach) are decided at once and written as columns; anything else is decided
+event by event, and what is accepted still reaches the point store as columns.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from itertools import repeat
+
+import numpy as np
+
+from ..storage.protocols import Stores
+from ..storage.records import (
+    RANK,
+    SCALAR,
+    RunConflict,
+    RunSpec,
+    ScalarPoint,
+    Slot,
+    StoredAnswer,
+)
+from . import answers
+from .answers import Answer
+from .columns import RankColumns
+from .commands import (
+    Envelope,
+    PatchRun,
+    RankEvents,
+    Refresh,
+    Write,
+    WriteAttributes,
+    WriteRankPoints,
+    WriteScalars,
+)
+from .guardrail import UsagePolicy, month_of
+
+log = logging.getLogger(__name__)
+
+# Idempotency-Keys are remembered at least 7 days (the contract); a day's margin on top.
+IDEMPOTENCY_RETENTION = 8 * 86400.0
+_PRUNE_EVERY = 3600.0
+
+
+class WriteService:
+    def __init__(self, stores: Stores, policy: UsagePolicy | None = None) -> None:
+        self.stores = stores
+        self.policy = policy or UsagePolicy()
+        self._last_prune = float("-inf")
+
+    def apply(self, envelopes: list[Envelope]) -> list[Answer]:
+        """Apply in order in one unit of work; one answer per envelope (a RankEvents
+        envelope's answer holds one per event in ``each``). A group that fails in storage
+        is applied write by write, so the others still land; one that fails alone
+        answers 503."""
+        try:
+            with self.stores.unit():
+                result = _Group(self, envelopes).apply()
+        except Exception:
+            if len(envelopes) == 1:
+                raise
+            return [self._apply_alone(envelope) for envelope in envelopes]
+        self._prune()
+        return result
+
+    def _apply_alone(self, envelope: Envelope) -> Answer:
+        try:
+            return self.apply([envelope])[0]
+        except Exception as exc:  # a storage failure, not bad input: the client may retry
+            log.exception("storage error applying %s", type(envelope.write).__name__)
+            return answers.storage_failed(exc)
+
+    def maintain(self) -> bool:
+        """One bounded unit of background work (summary aggregates); True if more remains.
+        A failure is logged, never raised: the writer thread must go on."""
+        try:
+            with self.stores.unit():
+                return self.stores.points.maintain()
+        except Exception:
+            log.exception("refreshing summary aggregates")
+            return False
+
+    def backlog(self) -> int:
+        return self.stores.points.backlog()
+
+    def _prune(self) -> None:
+        """At most hourly, forget Idempotency-Keys older than the retention."""
+        now = self.policy.clock()
+        if now - self._last_prune >= _PRUNE_EVERY:
+            self._last_prune = now
+            self.stores.ledger.prune(now - IDEMPOTENCY_RETENTION)
+
+
+class _Group:
+    """One group of writes being applied: what it has decided so far."""
+
+    def __init__(self, service: WriteService, envelopes: list[Envelope]) -> None:
+        self.stores = service.stores
+        self.policy = service.policy
+        self.envelopes = envelopes
+        self.now = self.policy.clock()
+        self.month = month_of(self.now)
+        self.points = RankColumns()
+        self.scalars: list[ScalarPoint] = []
+        self.limits: dict[int, int | None] = {}
+        # Answers given to keys in this group: single writes' by slot, batches' as columns
+        # (indexed only if a later write of the group needs to look one up).
+        self.seen: dict[Slot, StoredAnswer] = {}
+        self.chunks: list[tuple[list[Slot], list[int], list[str]]] = []
+        self._chunk_index: list[dict[Slot, int]] = []
+        self.known = self.stores.ledger.lookup(_slots(envelopes))
+        self.recorded: list[tuple[Slot, StoredAnswer]] = []
+
+    def apply(self) -> list[Answer]:
+        out = []
+        for envelope in self.envelopes:
+            if isinstance(envelope.write, RankEvents):
+                out.append(Answer(200, {}, each=self._rank_events(envelope.write)))
+            else:
+                out.append(self._one(envelope))
+        self._write()
+        return out
+
+    # ---- one write ----
+
+    def _one(self, envelope: Envelope) -> Answer:
+        write, idem = envelope.write, envelope.idempotency
+        slot: Slot | None = None
+        if idem is not None:
+            slot = (write.org_id, idem.key_hi, idem.key_lo)
+            stored = self._stored(slot)
+            if stored is not None:
+                return answers.replay(stored, idem.fingerprint)
+        answer = self._decide(write)
+        if slot is not None and idem is not None and 200 <= answer.status < 300:
+            stored = StoredAnswer(idem.fingerprint, answer.status, answer.text())
+            self.seen[slot] = stored
+            self.recorded.append((slot, stored))
+        return answer
+
+    def _decide(self, write: Write) -> Answer:
+        runs = self.stores.runs
+        if isinstance(write, RunSpec):
+            try:
+                record, created = runs.create(write)
+            except RunConflict as conflict:
+                return answers.run_conflict(conflict)
+            return answers.run(record, created)
+        if isinstance(write, Refresh):
+            sid = runs.series_id(write.org_id, write.run_id, RANK, write.key)
+            if sid is not None:
+                self.stores.points.refresh(sid)
+            return answers.EMPTY
+        if isinstance(write, RankEvents):
+            raise TypeError("a RankEvents write is decided by _rank_events")
+        run = runs.resolve(write.org_id, [write.run_id])[write.run_id]
+        if run is None:
+            return answers.unknown_run(write.run_id)
+        if isinstance(write, PatchRun):
+            return answers.run(runs.set_status(run, write.status))
+        if isinstance(write, WriteAttributes):
+            runs.add_attributes(run, write.attributes, write.timestamp)
+            return answers.accepted(len(write.attributes))
+        # Metric points: every accepted value counts, a rewrite too (a replay, above, not).
+        count = len(write.metrics)
+        refused = self._charge(write.org_id, count)
+        if refused is not None:
+            return refused
+        if isinstance(write, WriteRankPoints):
+            self.points.add(write, run, runs.series_ids)
+        elif isinstance(write, WriteScalars):
+            keys = list(write.metrics)
+            for sid, value in zip(runs.series_ids(run, SCALAR, keys), write.metrics.values()):
+                self.scalars.append(
+                    ScalarPoint(sid, write.step, value, write.timestamp, write.preview)
+                )
+            self.points.extend(run, 0, write.step)
+        else:
+            raise TypeError(f"unknown write {type(write).__name__}")
+        return answers.accepted(count)
+
+    def _charge(self, org: int, points: int) -> Answer | None:
+        """Charge the guardrail; the refusal when it would cross the month's limit."""
+        limit = self._limit(org)
+        if self.stores.ledger.charge(org, self.month, points, limit):
+            return None
+        assert limit is not None
+        used = self.stores.ledger.used(org, self.month)
+        return answers.over_limit(limit, used, points, self.now)
+
+    def _limit(self, org: int) -> int | None:
+        if org not in self.limits:
+            own = self.stores.tenancy.monthly_limit(org)
+            self.limits[org] = own if own is not None else self.policy.default_limit
+        return self.limits[org]
+
+    # ---- a batch's rank events ----
+
+    def _rank_events(self, write: RankEvents) -> list[Answer]:
+        """Decide a whole batch at once when nothing needs deciding event by event: every
+        run exists, every key is new and distinct, and the limit is out of reach. Otherwise
+        each event is decided on its own, in order (its points still go as columns)."""
+        org = write.org_id
+        names = set(map(tuple, write.metrics))  # each event's metric names, in order
+        counts = (
+            [len(next(iter(names)))] * len(write)
+            if len(names) == 1
+            else [len(m) for m in write.metrics]
+        )
+        runs = self.stores.runs.resolve(org, set(write.run_ids))
+        slots = list(zip(repeat(org), write.key_hi, write.key_lo))
+        plain = (
+            None not in runs.values()
+            and len(set(slots)) == len(slots)
+            and self._all_new(slots)
+            and self.stores.ledger.charge(org, self.month, sum(counts), self._limit(org))
+        )
+        if not plain:
+            return [self._one(envelope) for envelope in write.envelopes()]
+        self.points.add_events(write, runs, names, self.stores.runs.series_ids)
+        bodies = [answers.accepted_text(c) for c in counts]
+        self.chunks.append((slots, write.fingerprints, bodies))
+        return [answers.accepted(c) for c in counts]
+
+    def _all_new(self, slots: list[Slot]) -> bool:
+        if not self.known and not self.seen and not self.chunks:
+            return True  # the usual case: nothing to compare with
+        wanted = set(slots)
+        return (
+            wanted.isdisjoint(self.known)
+            and wanted.isdisjoint(self.seen)
+            and all(wanted.isdisjoint(self._index(i)) for i in range(len(self.chunks)))
+        )
+
+    def _index(self, number: int) -> dict[Slot, int]:
+        while len(self._chunk_index) <= number:
+            slots = self.chunks[len(self._chunk_index)][0]
+            self._chunk_index.append(dict(zip(slots, range(len(slots)))))
+        return self._chunk_index[number]
+
+    def _stored(self, slot: Slot) -> StoredAnswer | None:
+        """The answer this key already has: given earlier in this group, or stored."""
+        stored = self.seen.get(slot)
+        if stored is not None:
+            return stored
+        for number, (_, fingerprints, bodies) in enumerate(self.chunks):
+            i = self._index(number).get(slot)
+            if i is not None:
+                return StoredAnswer(fingerprints[i], 200, bodies[i])
+        return self.known.get(slot)
+
+    # ---- the writes, once decided ----
+
+    def _write(self) -> None:
+        stores = self.stores
+        for sid, chunks in self.points.take().items():
+            for columns in chunks:
+                stores.points.write_rank(sid, columns)
+        if self.scalars:
+            stores.points.write_scalars(self.scalars)
+        if self.points.extents:
+            stores.runs.extend(self.points.extents)
+        self._record()
+
+    def _record(self) -> None:
+        """Keep the group's 2xx answers for their keys' replays, as columns."""
+        slots: list[Slot] = []
+        prints: list[int] = []
+        statuses: list[int] = []
+        bodies: list[str] = []
+        for chunk_slots, fingerprints, chunk_bodies in self.chunks:
+            slots += chunk_slots
+            prints += fingerprints
+            statuses += [200] * len(chunk_slots)
+            bodies += chunk_bodies
+        for slot, stored in self.recorded:
+            slots.append(slot)
+            prints.append(stored.fingerprint)
+            statuses.append(stored.status)
+            bodies.append(stored.body)
+        if not slots:
+            return
+        org, hi, lo = (np.array(column, dtype=np.int64) for column in zip(*slots))
+        self.stores.ledger.record(
+            org,
+            hi,
+            lo,
+            np.array(prints, dtype=np.int64),
+            np.array(statuses, dtype=np.int16),
+            bodies,
+            self.now,
+        )
+
+
+def _slots(envelopes: Sequence[Envelope]) -> list[Slot]:
+    """Every Idempotency-Key the envelopes carry."""
+    slots: list[Slot] = []
+    for envelope in envelopes:
+        write = envelope.write
+        if isinstance(write, RankEvents):
+            slots += zip(repeat(write.org_id), write.key_hi, write.key_lo)
+        elif envelope.idempotency is not None:
+            slots.append((write.org_id, envelope.idempotency.key_hi, envelope.idempotency.key_lo))
+    return slots

@@ -1,0 +1,45 @@
+"""What the routes work with, as one typed object built at startup (no untyped
+``app.state`` attributes): the settings, the stores, the key ring, the write path."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, cast
+
+from fastapi import Request
+
+from ..settings import ServerSettings
+from ..storage.protocols import Stores
+from ..storage.records import ApiKeyRecord
+from .auth import KeyRing
+from .errors import ApiError
+from .service import WriteService
+from .upload_order import UploadOrder
+from .writer import GroupCommitter
+
+
+@dataclass(frozen=True)
+class Services:
+    settings: ServerSettings
+    stores: Stores
+    keys: KeyRing
+    service: WriteService  # the rules of every write
+    writer: GroupCommitter  # applies the service's writes in group-commit transactions
+    upload_order: UploadOrder  # ordered pipelining of /api/ingest (process-local)
+
+
+def services(request: Request) -> Services:
+    return cast(Services, request.app.state.services)
+
+
+def require(scope: str) -> Callable[[Request], Coroutine[Any, Any, ApiKeyRecord]]:
+    """A FastAPI dependency: the caller's key, which must carry ``scope``."""
+
+    async def dependency(request: Request) -> ApiKeyRecord:
+        record = await services(request).keys.authenticate(request)
+        if scope not in record.scopes and "admin" not in record.scopes:
+            raise ApiError(403, f"Authorization: this API key lacks the {scope!r} scope")
+        return record
+
+    return dependency

@@ -1,0 +1,23 @@
+"""The embedded backend: one DuckDB file (by default) holds every store, so a unit of work
+is one transaction over a write, its Idempotency-Key answer and its usage charge.
+
+Each concern is its own module (``tenancy``, ``runs``, ``ledger``, ``points``, with
+``engine`` beneath them); what each keeps in process memory, and why that is safe only
+while one process owns the file, is listed in docs/decisions.md.
+"""
+
+from __future__ import annotations
+
+from .engine import Engine
+from .ledger import DuckDBLedger
+from .points import DuckDBPoints
+from .runs import DuckDBRuns
+from .tenancy import DuckDBTenancy
+
+
+def engine_path(url: str) -> str:
+    """``duckdb:///abs/path.duckdb``, ``duckdb://rel/path.duckdb`` or ``duckdb://:memory:``."""
+    return url.split("://", 1)[1] or ":memory:"
+
+
+__all__ = ["DuckDBLedger", "DuckDBPoints", "DuckDBRuns", "DuckDBTenancy", "Engine", "engine_path"]

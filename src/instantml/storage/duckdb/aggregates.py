@@ -1,0 +1,115 @@
+"""Per-step aggregates of rank points in DuckDB: the ``step_stats`` rows (reducers per
+step), each point's scores (``delta``, ``z``, ``robust_z`` in ``rank_points``), and the
+helpers the point store stages with. Reducers and scores always come from
+:func:`instantml.summary.step_stats.step_stats`, the one implementation of DESIGN.md's
+definitions: there is no SQL twin of it."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...summary.step_stats import step_stats
+from .engine import Engine
+
+STATS_COLUMNS = (
+    "step", "n", "expected", "mean", "weighted_mean", "min", "max", "std", "p05", "p50",
+    "p95", "mad", "mean_ad", "nonfinite",
+)  # fmt: skip
+
+
+def insert_stats(engine: Engine, rows: dict[str, np.ndarray]) -> None:
+    names = ("series_id", *STATS_COLUMNS)
+    listed = ", ".join(names)
+    with engine.frame("stats_batch", {n: rows[n] for n in names}) as (source, params):
+        engine.con.execute(
+            f"INSERT INTO step_stats ({listed}) SELECT {listed} FROM {source}", params
+        )
+
+
+def recompute(engine: Engine, sid: int, steps: list[int]) -> None:
+    """Reducers and scores of these steps of one series, from all their points."""
+    con = engine.con
+    where = {"sid": sid, "lo": steps[0], "hi": steps[-1]}
+    con.register("refresh_steps", {"step": np.array(steps, dtype=np.int64)})
+    try:
+        # The range lets zone maps skip every row group outside the steps.
+        points = con.execute(
+            "SELECT step, rank, value, weight, world_size FROM rank_points"
+            " WHERE series_id = $sid AND step BETWEEN $lo AND $hi"
+            " AND step IN (SELECT step FROM refresh_steps)",
+            where,
+        ).fetchnumpy()
+        con.execute(
+            "DELETE FROM step_stats WHERE series_id = $sid AND step BETWEEN $lo AND $hi"
+            " AND step IN (SELECT step FROM refresh_steps)",
+            where,
+        )
+        con.execute(
+            "DELETE FROM stale_steps WHERE series_id = $sid AND step BETWEEN $lo AND $hi"
+            " AND step IN (SELECT step FROM refresh_steps)",
+            where,
+        )
+    finally:
+        con.unregister("refresh_steps")
+    if not len(points["step"]):
+        return
+    step_rows, delta, z, robust = step_stats(
+        points["step"], points["value"], points["weight"], points["world_size"]
+    )
+    step_rows["series_id"] = np.full(len(step_rows["step"]), sid, dtype=np.int32)
+    insert_stats(engine, step_rows)
+    scored = {
+        "step": points["step"],
+        "rank": points["rank"],
+        "delta": delta,
+        "z": z,
+        "robust_z": robust,
+    }
+    with engine.frame("scored", scored) as (source, params):
+        con.execute(
+            "UPDATE rank_points SET delta = CASE WHEN isnan(scored.delta) THEN NULL ELSE"
+            " scored.delta END, z = CASE WHEN isnan(scored.z) THEN NULL ELSE scored.z END,"
+            " robust_z = CASE WHEN isnan(scored.robust_z) THEN NULL ELSE scored.robust_z END"
+            f" FROM {source} WHERE rank_points.series_id = ? AND rank_points.step = scored.step"
+            " AND rank_points.rank = scored.rank AND rank_points.step BETWEEN ? AND ?",
+            [*params, sid, steps[0], steps[-1]],
+        )
+
+
+def latest(chunks: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Staged points as one frame, keeping only the latest write (highest ``seq``) of each
+    (step, rank): one INSERT may not carry a point twice."""
+    frame = chunks[0] if len(chunks) == 1 else {
+        name: np.concatenate([c[name] for c in chunks]) for name in chunks[0]
+    }  # fmt: skip
+    step, rank = frame["step"], frame["rank"]
+    order = np.lexsort((frame["seq"], rank, step))
+    s_step, s_rank = step[order], rank[order]
+    last = np.ones(len(order), dtype=bool)
+    last[:-1] = (s_step[1:] != s_step[:-1]) | (s_rank[1:] != s_rank[:-1])
+    if last.all():
+        return frame
+    keep = np.sort(order[last])
+    return {name: column[keep] for name, column in frame.items()}
+
+
+def raise_rank_last(
+    rank_last: dict[int, np.ndarray], sids: np.ndarray, ranks: np.ndarray, steps: np.ndarray
+) -> None:
+    """Raise each (series, rank)'s newest step to the given points' where they are newer."""
+    if not len(sids):
+        return
+    order = np.lexsort((ranks, sids))
+    sids, ranks, steps = sids[order], ranks[order].astype(np.int64), steps[order]
+    starts = np.flatnonzero(np.r_[True, sids[1:] != sids[:-1]])
+    for start, end in zip(starts, np.r_[starts[1:], len(sids)], strict=True):
+        sid = int(sids[start])
+        r, s = ranks[start:end], steps[start:end].astype(np.int64)
+        known = rank_last.get(sid)
+        size = int(r.max()) + 1
+        if known is None or len(known) < size:
+            grown = np.full(max(size, 0 if known is None else len(known)), -1, dtype=np.int64)
+            if known is not None:
+                grown[: len(known)] = known
+            known = rank_last[sid] = grown
+        np.maximum.at(known, r, s)

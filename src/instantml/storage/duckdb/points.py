@@ -1,0 +1,319 @@
+"""Metric points and their per-step aggregates in DuckDB.
+
+Rank points have no primary key (its index cost a quarter of every ingest and most of the
+memory). A point is unique by construction instead, which only works because one process
+owns the file: the store knows each (series, rank)'s newest committed step, so a point
+beyond it is new (nearly all of them) and one at or before it may rewrite an existing
+point, whose old row is deleted in the same unit before the new one goes in.
+
+Aggregates: a step whose points all arrive in one unit, newer than any its series has,
+gets its reducers and each point's scores computed while staging; any other point marks
+its (series, step) stale, and stale steps are recomputed (``refresh``, ``maintain``) from
+all their points. Both use :func:`instantml.summary.step_stats.step_stats`, the one
+implementation of the definitions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import repeat
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ...summary.step_stats import step_stats
+from ..records import ScalarPoint, SummaryRows
+from . import aggregates, summary
+from .engine import Engine
+
+if TYPE_CHECKING:
+    from ...summary import SummaryParams
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS rank_points (
+    series_id INTEGER NOT NULL, step BIGINT NOT NULL, rank SMALLINT NOT NULL,
+    world_size SMALLINT NOT NULL, local_rank SMALLINT, value DOUBLE NOT NULL,
+    weight DOUBLE NOT NULL, ts DOUBLE NOT NULL,
+    delta DOUBLE, z DOUBLE, robust_z DOUBLE);  -- one row per (series_id, step, rank)
+CREATE TABLE IF NOT EXISTS scalar_points (
+    series_id INTEGER NOT NULL, step BIGINT NOT NULL, value DOUBLE NOT NULL,
+    ts DOUBLE NOT NULL, preview BOOLEAN NOT NULL, PRIMARY KEY (series_id, step));
+CREATE TABLE IF NOT EXISTS step_stats (
+    series_id INTEGER NOT NULL, step BIGINT NOT NULL, n INTEGER NOT NULL,
+    expected INTEGER NOT NULL, mean DOUBLE NOT NULL, weighted_mean DOUBLE NOT NULL,
+    min DOUBLE NOT NULL, max DOUBLE NOT NULL, std DOUBLE NOT NULL, p05 DOUBLE NOT NULL,
+    p50 DOUBLE NOT NULL, p95 DOUBLE NOT NULL, mad DOUBLE NOT NULL, mean_ad DOUBLE NOT NULL,
+    PRIMARY KEY (series_id, step));
+CREATE TABLE IF NOT EXISTS stale_steps (series_id INTEGER NOT NULL, step BIGINT NOT NULL);
+-- Stores written by earlier versions: the columns they did not have.
+ALTER TABLE rank_points ADD COLUMN IF NOT EXISTS delta DOUBLE;
+ALTER TABLE rank_points ADD COLUMN IF NOT EXISTS z DOUBLE;
+ALTER TABLE rank_points ADD COLUMN IF NOT EXISTS robust_z DOUBLE;
+ALTER TABLE step_stats ADD COLUMN IF NOT EXISTS nonfinite INTEGER DEFAULT 0;
+-- A store written before aggregates existed: every step of it is stale.
+INSERT INTO stale_steps SELECT DISTINCT series_id, step FROM rank_points
+WHERE NOT EXISTS (SELECT 1 FROM step_stats) AND NOT EXISTS (SELECT 1 FROM stale_steps)
+    AND NOT EXISTS (SELECT 1 FROM rank_points WHERE z IS NOT NULL);
+"""
+
+REFRESH_CHUNK = 4096  # stale steps recomputed per unit of background work
+_POINT_NAMES = ("series_id", "step", "rank", "world_size", "local_rank", "value", "weight", "ts")
+
+
+class _Staged:
+    def __init__(self) -> None:
+        self.rank: dict[int, list[dict[str, np.ndarray]]] = {}
+        self.scalars: dict[tuple[int, int], ScalarPoint] = {}
+        self.refresh: set[int] = set()
+        self.maintain: tuple[int, list[int]] | None = None
+        # Filled by flush, for committed():
+        self.frames: list[dict[str, np.ndarray]] = []
+        self.last_step: dict[int, int] = {}
+        self.stale: dict[int, set[int]] = {}
+        self.refreshed: dict[int, set[int]] = {}
+
+
+class DuckDBPoints:
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        con = engine.con
+        con.execute(SCHEMA)
+        self._stale: dict[int, set[int]] = {}
+        for sid, step in con.execute("SELECT DISTINCT series_id, step FROM stale_steps").fetchall():
+            self._stale.setdefault(sid, set()).add(step)
+        # Each rank series' newest step, and each of its ranks' (see the module docstring).
+        self._rank_last: dict[int, np.ndarray] = {}
+        newest = con.execute(
+            "SELECT series_id, rank, max(step) AS step FROM rank_points GROUP BY series_id, rank"
+        ).fetchnumpy()
+        aggregates.raise_rank_last(
+            self._rank_last, newest["series_id"], newest["rank"], newest["step"]
+        )
+        self._last_step = {sid: int(steps.max()) for sid, steps in self._rank_last.items()}
+        self._staged = _Staged()
+        engine.join(self)
+
+    # ---- writes, in a unit ----
+
+    def write_rank(self, series_id: int, columns: dict[str, np.ndarray]) -> None:
+        self._staged.rank.setdefault(series_id, []).append(columns)
+
+    def write_scalars(self, points: list[ScalarPoint]) -> None:
+        for point in points:
+            self._staged.scalars[(point.series_id, point.step)] = point
+
+    def refresh(self, series_id: int) -> None:
+        self._staged.refresh.add(series_id)
+
+    def maintain(self) -> bool:
+        if not self._stale:
+            return False
+        sid, steps = next(iter(self._stale.items()))
+        self._staged.maintain = (sid, sorted(steps)[:REFRESH_CHUNK])
+        return sum(map(len, self._stale.values())) > len(self._staged.maintain[1])
+
+    def backlog(self) -> int:
+        return sum(len(steps) for steps in self._stale.values())
+
+    def needs_refresh(self, series_id: int) -> bool:
+        return bool(self._stale.get(series_id))
+
+    # ---- reads ----
+
+    def rank_points(self, series_id: int) -> list[tuple[int, int, float, float, int | None, int]]:
+        rows = (
+            self._engine.cursor()
+            .execute(
+                "SELECT step, rank, value, weight, local_rank, world_size FROM rank_points"
+                " WHERE series_id = ? ORDER BY step, rank",
+                [series_id],
+            )
+            .fetchall()
+        )
+        return [tuple(row) for row in rows]
+
+    def scalar_points(self, series_id: int) -> list[tuple[float, float]]:
+        rows = (
+            self._engine.cursor()
+            .execute(
+                "SELECT step, value FROM scalar_points WHERE series_id = ? ORDER BY step",
+                [series_id],
+            )
+            .fetchall()
+        )
+        return [(s, float(v)) for s, v in rows]
+
+    def counts(self, series_ids: Sequence[int]) -> dict[int, tuple[int, int | None]]:
+        if not series_ids:
+            return {}
+        marks = ", ".join("?" * len(series_ids))
+        rows = (
+            self._engine.cursor()
+            .execute(
+                f"SELECT series_id, count(*), max(step) FROM rank_points WHERE series_id IN ({marks})"
+                " GROUP BY series_id UNION ALL"
+                f" SELECT series_id, count(*), max(step) FROM scalar_points"
+                f" WHERE series_id IN ({marks}) GROUP BY series_id",
+                [*series_ids, *series_ids],
+            )
+            .fetchall()
+        )
+        return {sid: (int(n), None if last is None else int(last)) for sid, n, last in rows}
+
+    def summary_rows(self, series_id: int, params: SummaryParams) -> SummaryRows:
+        return summary.rows(self._engine.cursor(), series_id, params)
+
+    # ---- the unit ----
+
+    def begin(self) -> None:
+        self._staged = _Staged()
+
+    def flush(self) -> None:
+        staged = self._staged
+        if staged.rank:
+            self._flush_rank(staged)
+        if staged.scalars:
+            self._flush_scalars(list(staged.scalars.values()))
+        todo = {
+            sid: self._stale.get(sid, set()) | staged.stale.get(sid, set())
+            for sid in staged.refresh
+        }
+        if staged.maintain is not None:
+            chosen, chunk = staged.maintain
+            todo[chosen] = todo.get(chosen, set()) | set(chunk)
+        for sid, stale in todo.items():
+            if stale:
+                aggregates.recompute(self._engine, sid, sorted(stale))
+                staged.refreshed[sid] = stale
+
+    def committed(self) -> None:
+        staged = self._staged
+        for sid, steps in staged.stale.items():
+            self._stale.setdefault(sid, set()).update(steps)
+        for sid, last in staged.last_step.items():
+            self._last_step[sid] = max(self._last_step.get(sid, -1), last)
+        for frame in staged.frames:
+            aggregates.raise_rank_last(
+                self._rank_last, frame["series_id"], frame["rank"], frame["step"]
+            )
+        for sid, steps in staged.refreshed.items():
+            remaining = self._stale.get(sid, set()) - steps
+            if remaining:
+                self._stale[sid] = remaining
+            else:
+                self._stale.pop(sid, None)
+        self._staged = _Staged()
+
+    def rolled_back(self) -> None:
+        self._staged = _Staged()
+
+    def _flush_rank(self, staged: _Staged) -> None:
+        engine = self._engine
+        frames: list[dict[str, np.ndarray]] = []
+        stats: list[dict[str, np.ndarray]] = []
+        rewrites: list[tuple[int, int, int]] = []
+        for sid, chunks in staged.rank.items():
+            points = aggregates.latest(chunks)
+            frames.append(self._stage(sid, points, stats, rewrites, staged))
+        if rewrites:
+            self._delete(rewrites)
+        frame = {name: np.concatenate([f[name] for f in frames]) for name in frames[0]}
+        staged.frames = [frame]
+        with engine.frame("rank_batch", frame) as (source, params):
+            engine.con.execute(
+                "INSERT INTO rank_points (series_id, step, rank, world_size, local_rank, value,"
+                " weight, ts, delta, z, robust_z) SELECT series_id, step, rank, world_size,"
+                " nullif(local_rank, -1), value, weight, ts,"
+                " CASE WHEN isnan(delta) THEN NULL ELSE delta END,"
+                " CASE WHEN isnan(z) THEN NULL ELSE z END,"
+                f" CASE WHEN isnan(robust_z) THEN NULL ELSE robust_z END FROM {source}",
+                params,
+            )
+        if stats:
+            aggregates.insert_stats(
+                self._engine, {n: np.concatenate([s[n] for s in stats]) for n in stats[0]}
+            )
+        if staged.stale:
+            stale = {
+                "series_id": np.concatenate(
+                    [np.full(len(s), sid, dtype=np.int32) for sid, s in staged.stale.items()]
+                ),
+                "step": np.concatenate(
+                    [np.fromiter(s, dtype=np.int64, count=len(s)) for s in staged.stale.values()]
+                ),
+            }
+            with engine.frame("stale_batch", stale) as (source, params):
+                engine.con.execute(
+                    f"INSERT INTO stale_steps SELECT series_id, step FROM {source}", params
+                )
+
+    def _stage(
+        self,
+        sid: int,
+        points: dict[str, np.ndarray],
+        stats: list[dict[str, np.ndarray]],
+        rewrites: list[tuple[int, int, int]],
+        staged: _Staged,
+    ) -> dict[str, np.ndarray]:
+        """One series' points, ready to insert: steps newer than any the series has get
+        their reducers and scores now (from these points, the latest write of each rank);
+        older steps are marked stale. Points that may exist already are noted to delete."""
+        steps, ranks = points["step"], points["rank"]
+        last = self._last_step.get(sid, -1)
+        fresh = steps > last
+        scores = np.full((3, len(steps)), np.nan)
+        if fresh.any():
+            step_rows, delta, z, robust = step_stats(
+                steps[fresh], points["value"][fresh], points["weight"][fresh],
+                points["world_size"][fresh],
+            )  # fmt: skip
+            scores[:, fresh] = delta, z, robust
+            step_rows["series_id"] = np.full(len(step_rows["step"]), sid, dtype=np.int32)
+            stats.append(step_rows)
+        if not fresh.all():
+            staged.stale.setdefault(sid, set()).update(np.unique(steps[~fresh]).tolist())
+        staged.last_step[sid] = max(last, int(steps.max()))
+        known = self._rank_last.get(sid)
+        if known is not None:  # the series has points: any of these may rewrite one
+            wide = ranks.astype(np.int64)
+            missing = int(wide.max()) + 1 - len(known)
+            newest = np.r_[known, np.full(missing, -1)] if missing > 0 else known
+            old = np.flatnonzero(steps <= newest[wide])
+            rewrites.extend(zip(repeat(sid), steps[old].tolist(), wide[old].tolist()))
+        out = {name: points[name] for name in _POINT_NAMES[1:]}
+        out["series_id"] = np.full(len(steps), sid, dtype=np.int32)
+        out["delta"], out["z"], out["robust_z"] = scores
+        return out
+
+    def _delete(self, points: list[tuple[int, int, int]]) -> None:
+        """Delete these (series, step, rank) points where they exist: a rewrite's old row."""
+        sids, steps, ranks = (np.array(c, dtype=np.int64) for c in zip(*points))
+        frame: dict[str, np.ndarray] = {
+            "series_id": sids.astype(np.int32),
+            "step": steps,
+            "rank": ranks.astype(np.int16),
+        }
+        with self._engine.frame("rewrites", frame) as (source, params):
+            # The ranges let zone maps skip the row groups no rewrite can be in.
+            self._engine.con.execute(
+                f"DELETE FROM rank_points USING {source} WHERE"
+                " rank_points.series_id = rewrites.series_id AND rank_points.step = rewrites.step"
+                " AND rank_points.rank = rewrites.rank"
+                " AND rank_points.series_id BETWEEN ? AND ? AND rank_points.step BETWEEN ? AND ?",
+                [*params, int(sids.min()), int(sids.max()), int(steps.min()), int(steps.max())],
+            )
+
+    def _flush_scalars(self, points: list[ScalarPoint]) -> None:
+        columns: dict[str, tuple[list[Any], Any]] = {
+            "series_id": ([p.series_id for p in points], np.int32),
+            "step": ([p.step for p in points], np.int64),
+            "value": ([p.value for p in points], np.float64),
+            "ts": ([p.ts for p in points], np.float64),
+            "preview": ([p.preview for p in points], np.bool_),
+        }
+        with self._engine.rows("scalar_batch", columns) as (source, params):
+            self._engine.con.execute(
+                "INSERT OR REPLACE INTO scalar_points"
+                f" SELECT series_id, step, value, ts, preview FROM {source}",
+                params,
+            )

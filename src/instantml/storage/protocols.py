@@ -1,0 +1,206 @@
+"""The stores, by concern: what each keeps, and nothing about HTTP or the product's rules.
+
+The write service (``server/service.py``) holds the rules: it reads and writes through
+these, inside one unit of work (``Stores.unit``): a transaction on the embedded store, the
+metadata database's transaction on a scale-out one (where points are written
+idempotently, so a unit that fails after them is safe to retry).
+
+Methods marked *in a unit* must be called inside ``with stores.unit():``; reads may be
+called from any thread at any time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from .records import (
+    ApiKeyRecord,
+    RunRecord,
+    RunRef,
+    RunSpec,
+    ScalarPoint,
+    Slot,
+    StoredAnswer,
+    SummaryRows,
+)
+
+if TYPE_CHECKING:
+    from ..summary import SummaryParams
+
+
+class Tenancy(Protocol):
+    """Orgs, API keys (stored as hashes) and each org's monthly-limit override."""
+
+    def ensure_org(self, name: str) -> tuple[int, bool]:
+        """The org's id, and whether it was created now."""
+        ...
+
+    def org_id(self, name: str) -> int | None: ...
+
+    def org_name(self, org_id: int) -> str | None: ...
+
+    def add_api_key(
+        self, org_id: int, key_id: str, key_hash: str, scopes: frozenset[str]
+    ) -> None: ...
+
+    def find_api_key(self, key_id: str) -> ApiKeyRecord | None:
+        """The key with this id, revoked or not (``revoked`` says); None if there is none."""
+        ...
+
+    def count_api_keys(self) -> int: ...
+
+    def list_api_keys(self, org_id: int | None) -> list[dict[str, Any]]: ...
+
+    def revoke_api_key(self, key_id: str, org_id: int | None) -> bool:
+        """Revoke a live key (of ``org_id``, unless None); False when there is none."""
+        ...
+
+    def monthly_limit(self, org_id: int) -> int | None:
+        """The org's own limit; None: the server's default applies."""
+        ...
+
+    def set_monthly_limit(self, org_id: int, limit: int | None) -> None: ...
+
+
+class Runs(Protocol):
+    """Runs, their series (run, kind, key) and what the run pages show of them."""
+
+    def get_run(self, org_id: int, run_id: str) -> RunRecord | None: ...
+
+    def list_runs(self, org_id: int, project: str | None, limit: int) -> list[RunRecord]: ...
+
+    def series(self, org_id: int, run_id: str) -> list[tuple[int, int, str]] | None:
+        """``(series_id, kind, key)`` of every series of the run; None if no such run."""
+        ...
+
+    def series_id(self, org_id: int, run_id: str, kind: int, key: str) -> int | None: ...
+
+    def resolve(self, org_id: int, run_ids: Iterable[str]) -> dict[str, RunRef | None]:
+        """*In a unit*: the runs these ids name (None: unknown), runs created earlier in
+        the unit included."""
+        ...
+
+    def create(self, spec: RunSpec) -> tuple[RunRecord, bool]:
+        """*In a unit*: create the run, or attach to it when its id exists in the same
+        project: ``(record, created)``. Raises RunConflict for another project."""
+        ...
+
+    def set_status(self, run: RunRef, status: str) -> RunRecord:
+        """*In a unit*."""
+        ...
+
+    def add_attributes(self, run: RunRef, attributes: list[dict[str, Any]], ts: float) -> None:
+        """*In a unit*: free-form attributes (config, tags, notes)."""
+        ...
+
+    def series_ids(self, run: RunRef, kind: int, keys: Sequence[str]) -> list[int]:
+        """*In a unit*: the series of these keys, created as needed."""
+        ...
+
+    def extend(self, extents: Mapping[int, tuple[int, int]]) -> None:
+        """*In a unit*: raise runs' (world size, last step) to at least these, by run seq."""
+        ...
+
+
+class Ledger(Protocol):
+    """What every server process must agree on about writes: Idempotency-Key claims and
+    answers, and the metric points each org used per month."""
+
+    def claim(self, slots: set[Slot]) -> set[Slot]:
+        """Claim keys whose first request is being applied now; returns those already
+        claimed (their repeats answer 409), claiming the rest."""
+        ...
+
+    def release(self, slots: set[Slot]) -> None: ...
+
+    def lookup(self, slots: Sequence[Slot]) -> dict[Slot, StoredAnswer]:
+        """Stored answers of the keys that have one."""
+        ...
+
+    def record(
+        self,
+        org: np.ndarray,
+        key_hi: np.ndarray,
+        key_lo: np.ndarray,
+        fingerprint: np.ndarray,
+        status: np.ndarray,
+        body: Sequence[str],
+        created_at: float,
+    ) -> None:
+        """*In a unit*: keep these answers (columns), stamped ``created_at`` (pruning)."""
+        ...
+
+    def used(self, org_id: int, month: str) -> int:
+        """Metric points charged to the org in the month (``YYYY-MM``), this unit's
+        charges included."""
+        ...
+
+    def charge(self, org_id: int, month: str, points: int, limit: int | None) -> bool:
+        """*In a unit*: charge ``points`` unless that would take the month past ``limit``
+        (None: no limit); False (nothing charged) when it would. Concurrent charges never
+        overshoot."""
+        ...
+
+    def prune(self, before: float) -> None:
+        """Forget answers recorded before this time."""
+        ...
+
+
+class PointStore(Protocol):
+    """Metric points and their per-step aggregates; summary reads."""
+
+    def write_rank(self, series_id: int, columns: dict[str, np.ndarray]) -> None:
+        """*In a unit*: rank points of one series (``records.RANK_COLUMNS``). A point is
+        (series, step, rank): writing it again replaces it, the highest ``seq`` winning."""
+        ...
+
+    def write_scalars(self, points: list[ScalarPoint]) -> None:
+        """*In a unit*: scalar points; (series, step) again replaces."""
+        ...
+
+    def rank_points(self, series_id: int) -> list[tuple[int, int, float, float, int | None, int]]:
+        """``(step, rank, value, weight, local_rank, world_size)``, by step then rank."""
+        ...
+
+    def scalar_points(self, series_id: int) -> list[tuple[float, float]]: ...
+
+    def counts(self, series_ids: Sequence[int]) -> dict[int, tuple[int, int | None]]:
+        """``series_id -> (points, last step)``."""
+        ...
+
+    def needs_refresh(self, series_id: int) -> bool:
+        """Whether the series' aggregates are behind its points."""
+        ...
+
+    def refresh(self, series_id: int) -> None:
+        """*In a unit*: bring the series' aggregates up to date."""
+        ...
+
+    def maintain(self) -> bool:
+        """*In a unit*: one bounded unit of background work; True if more remains."""
+        ...
+
+    def backlog(self) -> int:
+        """How much background work waits (steps whose aggregates are behind)."""
+        ...
+
+    def summary_rows(self, series_id: int, params: SummaryParams) -> SummaryRows:
+        """The rows a Distributed summary of the series is assembled from."""
+        ...
+
+
+@dataclass(frozen=True)
+class Stores:
+    """The four stores a server works with, and one unit of work across them."""
+
+    tenancy: Tenancy
+    runs: Runs
+    ledger: Ledger
+    points: PointStore
+    unit: Callable[[], AbstractContextManager[None]]
+    close: Callable[[], None]

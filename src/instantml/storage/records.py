@@ -1,0 +1,148 @@
+"""What the stores take and give back: plain records and numpy columns, no HTTP."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+RANK, SCALAR = 1, 0  # series kinds
+
+
+class StorageError(Exception):
+    """A store could not do what was asked (an engine failure, not bad input): retryable."""
+
+
+class RunConflict(Exception):
+    """A run id that exists in another project of the org."""
+
+    def __init__(self, run_id: str, project: str) -> None:
+        super().__init__(f"run {run_id!r} exists in project {project!r}")
+        self.run_id = run_id
+        self.project = project
+
+
+@dataclass(slots=True)
+class RunSpec:
+    """A run to create (or attach to, when its id exists in the same project)."""
+
+    org_id: int
+    run_id: str
+    project: str
+    name: str | None
+    config: dict[str, Any]
+    tags: list[str]
+    metadata: dict[str, Any]
+
+
+@dataclass(slots=True)
+class RunRecord:
+    org_id: int
+    run_id: str
+    project: str
+    name: str | None
+    status: str
+    config: dict[str, Any]
+    tags: list[str]
+    metadata: dict[str, Any]
+    created_at: float
+    updated_at: float
+    world_size: int | None = None
+    last_step: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.run_id,
+            "project": self.project,
+            "name": self.name,
+            "status": self.status,
+            "config": self.config,
+            "tags": self.tags,
+            "metadata": self.metadata,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+            "world_size": self.world_size,
+            "last_step": self.last_step,
+        }
+
+
+@dataclass(slots=True, frozen=True)
+class RunRef:
+    """A run as the write path knows it: its store-wide number and its project."""
+
+    seq: int
+    project: str
+
+
+@dataclass(slots=True)
+class ApiKeyRecord:
+    key_id: str
+    org_id: int
+    scopes: frozenset[str]
+    key_hash: str
+    revoked: bool = False
+
+
+@dataclass(slots=True)
+class SeriesKey:
+    key: str
+    kind: str  # "rank" or "scalar"
+    points: int = 0
+    last_step: int | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class StoredAnswer:
+    """The first answer to an Idempotency-Key, kept to answer its replays alike."""
+
+    fingerprint: int
+    status: int
+    body: str  # JSON text
+
+
+Slot = tuple[int, int, int]  # (org, key_hi, key_lo): an Idempotency-Key, reduced
+
+
+# Rank points in columns, one series at a time. ``seq`` orders writes of one unit of work:
+# of two writes of the same (step, rank), the one with the higher seq wins.
+RANK_COLUMNS: dict[str, Any] = {
+    "step": np.int64,
+    "rank": np.int16,
+    "world_size": np.int16,
+    "local_rank": np.int16,  # -1: none given
+    "value": np.float64,  # NaN or +-inf: a non-finite mark
+    "weight": np.float64,
+    "ts": np.float64,
+    "seq": np.int64,
+}
+
+
+@dataclass(slots=True)
+class ScalarPoint:
+    series_id: int
+    step: int
+    value: float
+    ts: float
+    preview: bool
+
+
+@dataclass(slots=True)
+class SummaryRows:
+    """What a point store reads for one key's Distributed summary over a step range; the
+    answer is assembled from these by :mod:`instantml.summary.assemble`.
+
+    ``stats``: one row per step (columns ``step, n, expected, mean, weighted_mean, min,
+    max, std, p05, p50, p95, nonfinite``); ``rollup``: per rank ``(rank, steps_reported,
+    last_step, mean_delta, mean_abs_z, outlier_steps, local_rank, nonfinite_steps)``;
+    ``outliers``: the strongest rows ``(step, rank, local_rank, value, mean, delta, z,
+    robust_z)``; ``cells``: heatmap cells (columns ``rank, b, v, marks``);
+    ``first_nonfinite``: ``(step, rank, value)`` or None."""
+
+    world_size: int
+    stats: dict[str, np.ndarray]
+    rollup: list[tuple[Any, ...]] = field(default_factory=list)
+    outliers: list[tuple[Any, ...]] = field(default_factory=list)
+    cells: dict[str, np.ndarray] = field(default_factory=dict)
+    heat_size: int = 1
+    first_nonfinite: tuple[int, int, float] | None = None

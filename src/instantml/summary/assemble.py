@@ -1,0 +1,175 @@
+"""The Distributed summary's answer, assembled from the rows a point store read
+(``storage.records.SummaryRows``): buckets, coverage and missing ranks, the heatmap's
+layout, the outlier rows and the per-rank rollup, as DESIGN.md defines them. Backend
+neutral: every point store returns the same rows."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..validation import mark_of
+from .coverage import missing_ranks
+from .params import SummaryParams, bucket_size
+
+if TYPE_CHECKING:
+    from ..storage.records import SummaryRows
+
+_MEANED = ("mean", "weighted_mean", "std", "p05", "p50", "p95")
+_INT_FIELDS = ("step", "step_end", "count", "expected", "nonfinite")
+_FLOAT_FIELDS = (
+    "mean", "weighted_mean", "min", "max", "range", "std", "p05", "p50", "p95"
+)  # fmt: skip
+
+
+def assemble(rows: SummaryRows, params: SummaryParams) -> dict[str, Any]:
+    """Everything of the answer but ``run_id``, ``key`` and ``keys``."""
+    stats = rows.stats
+    steps = stats["step"]
+    if len(steps) == 0:
+        return empty(rows.world_size)
+    first, last = int(steps[0]), int(steps[-1])
+    size = bucket_size(first, last, len(steps), params.max_points)
+    reported = stats["n"] + stats["nonfinite"]  # a mark is a report (coverage)
+    expected = stats["expected"]
+    last_step_of_rank = {int(r[0]): int(r[2]) for r in rows.rollup}
+    ranks = _rollup(rows.rollup)
+    return {
+        "world_size": rows.world_size,
+        "step_range": [first, last],
+        "bucket_size": size,
+        "steps": _steps(stats, first, size),
+        "coverage": {
+            "full_steps": int((reported == expected).sum()),
+            "partial_steps": int((reported < expected).sum()),
+            # Against the world size reported at the last step, not the key's largest: a
+            # stray call with a larger world_size, or an elastic job that shrank, lists no
+            # phantom ranks.
+            "missing": missing_ranks(int(expected[-1]), steps.tolist(), last_step_of_rank),
+        },
+        "heatmap": _heatmap(steps, first, rows.heat_size, rows.cells),
+        "outliers": [
+            {
+                "step": step,
+                "rank": rank,
+                "local_rank": local_rank,
+                "value": value,
+                "mean": mean,
+                "delta": delta,
+                "z": z,
+                "robust_z": robust_z,
+            }
+            for step, rank, local_rank, value, mean, delta, z, robust_z in rows.outliers
+        ],
+        # Every outlier row of the range: the rollup counts them per rank by the same test.
+        "outliers_total": sum(r["outlier_steps"] for r in ranks),
+        "ranks": ranks,
+        "first_nonfinite": None
+        if rows.first_nonfinite is None
+        else {
+            "step": rows.first_nonfinite[0],
+            "rank": rows.first_nonfinite[1],
+            "value": mark_of(rows.first_nonfinite[2]),
+        },
+    }
+
+
+def empty(world_size: int) -> dict[str, Any]:
+    return {
+        "world_size": int(world_size),
+        "step_range": None,
+        "bucket_size": 1,
+        "steps": [],
+        "coverage": {"full_steps": 0, "partial_steps": 0, "missing": []},
+        "heatmap": {"ranks": [], "buckets": [], "values": [], "nonfinite": []},
+        "outliers": [],
+        "outliers_total": 0,
+        "ranks": [],
+        "first_nonfinite": None,
+    }
+
+
+def _floats(values: np.ndarray) -> list[float | None]:
+    return [None if v != v else float(v) for v in values.tolist()]
+
+
+def _steps(stats: dict[str, np.ndarray], first: int, size: int) -> list[dict[str, Any]]:
+    """Step rows, bucketed when ``size`` > 1 (DESIGN.md: means of the steps' reducers, min
+    of mins, max of maxes, min count, max expected, summed marks). A step with no finite
+    value (only marks) has NaN reducers: a bucket's means skip it, fmin/fmax ignore it."""
+    step = stats["step"]
+    if size == 1:
+        columns = {name: stats[name] for name in (*_MEANED, "min", "max", "expected", "nonfinite")}
+        columns["step"] = columns["step_end"] = step
+        columns["count"] = stats["n"]
+    else:
+        keys = (step - first) // size
+        starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+        has_value = stats["n"] > 0
+        valued = np.add.reduceat(has_value, starts)
+        columns = {
+            "step": step[starts],
+            "step_end": step[np.r_[starts[1:], len(step)] - 1],
+            "count": np.minimum.reduceat(stats["n"], starts),
+            "expected": np.maximum.reduceat(stats["expected"], starts),
+            "nonfinite": np.add.reduceat(stats["nonfinite"], starts),
+            "min": np.fmin.reduceat(stats["min"], starts),
+            "max": np.fmax.reduceat(stats["max"], starts),
+        }
+        with np.errstate(invalid="ignore", divide="ignore"):
+            for name in _MEANED:
+                total = np.add.reduceat(np.where(has_value, stats[name], 0.0), starts)
+                columns[name] = np.where(valued > 0, total / np.maximum(valued, 1), np.nan)
+    columns["range"] = columns["max"] - columns["min"]
+    ints = {name: columns[name].tolist() for name in _INT_FIELDS}
+    floats = {name: _floats(columns[name]) for name in _FLOAT_FIELDS}
+    return [
+        {
+            **{name: ints[name][i] for name in _INT_FIELDS[:4]},
+            **{name: floats[name][i] for name in _FLOAT_FIELDS},
+            "nonfinite": ints["nonfinite"][i],
+        }
+        for i in range(len(ints["step"]))
+    ]
+
+
+def _rollup(rows: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
+    """Per rank, noisiest first: by mean |z|, then |mean delta|, then rank number."""
+    ranked = sorted(rows, key=lambda r: (-(r[4] or 0.0), -abs(r[3] or 0.0), r[0]))
+    return [
+        {
+            "rank": rank,
+            "local_rank": local_rank,
+            "steps_reported": reported,
+            "last_step": last,
+            "mean_delta": mean_delta or 0.0,
+            "mean_abs_z": mean_abs_z or 0.0,
+            "outlier_steps": outliers,
+            "nonfinite_steps": nonfinite,
+        }
+        for rank, reported, last, mean_delta, mean_abs_z, outliers, local_rank, nonfinite in ranked
+    ]
+
+
+def _heatmap(
+    steps: np.ndarray, first: int, size: int, cells: dict[str, np.ndarray]
+) -> dict[str, Any]:
+    """``values[i][j]``: rank ``ranks[i]``'s mean finite value in bucket j (None if none);
+    ``nonfinite``: the ``[i, j]`` cells where that rank sent a NaN or +-inf."""
+    keys = (steps - first) // size
+    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+    ends = np.r_[starts[1:], len(steps)] - 1
+    bucket_keys = keys[starts]
+    ranks = np.unique(cells["rank"])
+    rows = np.searchsorted(ranks, cells["rank"])
+    cols = np.searchsorted(bucket_keys, cells["b"])
+    grid = np.full((len(ranks), len(bucket_keys)), np.nan)
+    grid[rows, cols] = cells["v"]
+    marked = np.flatnonzero(cells["marks"] > 0)
+    return {
+        "ranks": ranks.tolist(),
+        "buckets": np.column_stack([steps[starts], steps[ends]]).tolist(),
+        "values": [_floats(row) for row in grid],
+        "nonfinite": [list(c) for c in sorted(zip(rows[marked].tolist(), cols[marked].tolist()))],
+    }

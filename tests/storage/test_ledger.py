@@ -1,0 +1,91 @@
+"""Conformance: the Ledger (Idempotency-Key claims and answers, usage charges), on every
+backend."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from instantml.storage.protocols import Stores
+from instantml.storage.records import StoredAnswer
+from tests.storage.conftest import OpenStores
+
+
+def _record(
+    stores: Stores, slots: list[tuple[int, int, int]], at: float, status: int = 200
+) -> None:
+    org, hi, lo = (np.array(c, dtype=np.int64) for c in zip(*slots))
+    stores.ledger.record(
+        org, hi, lo, hi * 3, np.full(len(slots), status, dtype=np.int16),
+        [f'{{"accepted": {h}}}' for h in hi.tolist()], at,
+    )  # fmt: skip
+
+
+def test_claims_are_exclusive_until_released(stores: Stores) -> None:
+    ledger = stores.ledger
+    assert ledger.claim({(1, 2, 3), (1, 2, 4)}) == set()
+    assert ledger.claim({(1, 2, 3), (1, 9, 9)}) == {(1, 2, 3)}  # (1, 9, 9) is now claimed
+    ledger.release({(1, 2, 3)})
+    assert ledger.claim({(1, 2, 3)}) == set()
+    assert ledger.claim({(2, 2, 3)}) == set()  # keys are per org
+
+
+def test_answers_are_kept_and_found(open_stores: OpenStores) -> None:
+    stores = open_stores()
+    with stores.unit():
+        _record(stores, [(1, 10, 1), (1, 11, 1), (2, 10, 1)], at=100.0)
+    found = stores.ledger.lookup([(1, 10, 1), (1, 11, 2), (2, 10, 1), (3, 3, 3)])
+    assert found == {
+        (1, 10, 1): StoredAnswer(30, 200, '{"accepted": 10}'),
+        (2, 10, 1): StoredAnswer(30, 200, '{"accepted": 10}'),
+    }
+    with pytest.raises(RuntimeError), stores.unit():
+        _record(stores, [(1, 12, 1)], at=100.0)
+        raise RuntimeError("the unit fails")
+    assert stores.ledger.lookup([(1, 12, 1)]) == {}  # nothing of a failed unit
+    stores.close()
+    again = open_stores()
+    assert set(again.ledger.lookup([(1, 10, 1), (1, 11, 1)])) == {(1, 10, 1), (1, 11, 1)}
+    again.ledger.prune(before=101.0)
+    assert again.ledger.lookup([(1, 10, 1), (1, 11, 1)]) == {}
+
+
+def test_the_limit_is_exact_and_month_bound(open_stores: OpenStores) -> None:
+    stores = open_stores()
+    ledger = stores.ledger
+    with stores.unit():
+        assert ledger.charge(1, "2026-11", 60, 100)
+        assert ledger.used(1, "2026-11") == 60  # this unit's charges count
+        assert not ledger.charge(1, "2026-11", 41, 100)  # 101 > 100: refused, whole
+        assert ledger.charge(1, "2026-11", 40, 100)  # landing exactly on the limit: taken
+        assert not ledger.charge(1, "2026-11", 1, 100)
+        assert ledger.charge(1, "2026-11", 1_000_000, None)  # no limit
+        assert ledger.charge(2, "2026-11", 100, 100)  # another org
+        assert ledger.charge(1, "2026-12", 100, 100)  # another month
+    with pytest.raises(RuntimeError), stores.unit():
+        assert ledger.charge(1, "2027-01", 5, None)
+        raise RuntimeError("the unit fails")
+    stores.close()
+    ledger = open_stores().ledger
+    assert ledger.used(1, "2026-11") == 1_000_100 and ledger.used(2, "2026-11") == 100
+    assert ledger.used(1, "2026-12") == 100 and ledger.used(1, "2027-01") == 0
+
+
+def test_concurrent_charges_never_overshoot(stores: Stores) -> None:
+    results: list[bool] = []
+    start = threading.Barrier(32)
+
+    def charge() -> None:
+        start.wait()
+        with stores.unit():
+            results.append(stores.ledger.charge(7, "2026-11", 10, 105))
+
+    threads = [threading.Thread(target=charge) for _ in range(32)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results.count(True) == 10 and results.count(False) == 22
+    assert stores.ledger.used(7, "2026-11") == 100

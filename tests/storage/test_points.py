@@ -1,0 +1,157 @@
+"""Conformance: the PointStore (points, their per-step aggregates, summary reads), on every
+backend. Aggregates are held to the numpy reference of DESIGN.md through the same assembly
+the server answers with."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from instantml.storage.protocols import Stores
+from instantml.storage.records import RANK, RANK_COLUMNS, ScalarPoint
+from instantml.summary import SummaryParams
+from instantml.summary.assemble import assemble
+from tests.storage.conftest import OpenStores
+from tests.summary.compare import assert_matches
+from tests.summary.reference import Point, reference
+
+
+class Writer:
+    """Writes Points into a fresh series, one unit per call, numbering writes in order."""
+
+    def __init__(self, stores: Stores) -> None:
+        self.stores = stores
+        org, _ = stores.tenancy.ensure_org("o")
+        with stores.unit():
+            from instantml.storage.records import RunSpec
+
+            stores.runs.create(RunSpec(org, "r", "p", None, {}, [], {}))
+            run = stores.runs.resolve(org, ["r"])["r"]
+            assert run is not None
+            (self.sid,) = stores.runs.series_ids(run, RANK, ["loss"])
+        self.seq = 0
+
+    def write(self, points: list[Point]) -> None:
+        with self.stores.unit():
+            self.stores.points.write_rank(self.sid, self.columns(points))
+
+    def columns(self, points: list[Point]) -> dict[str, np.ndarray]:
+        rows = [
+            (p.step, p.rank, p.world_size, -1 if p.local_rank is None else p.local_rank,
+             p.value, p.weight, 0.0, self.seq + i)
+            for i, p in enumerate(points)
+        ]  # fmt: skip
+        self.seq += len(points)
+        return {
+            name: np.array(column, dtype=dtype)
+            for (name, dtype), column in zip(RANK_COLUMNS.items(), zip(*rows), strict=True)
+        }
+
+    def summary(self, **params: object) -> dict[str, object]:
+        with self.stores.unit():
+            self.stores.points.refresh(self.sid)
+        query = SummaryParams(**params)  # type: ignore[arg-type]
+        return assemble(self.stores.points.summary_rows(self.sid, query), query)
+
+
+def test_the_latest_write_of_a_point_wins(open_stores: OpenStores) -> None:
+    writer = Writer(open_stores())
+    points = writer.stores.points
+    with writer.stores.unit():  # twice in one unit: the later (higher seq) wins
+        points.write_rank(writer.sid, writer.columns([Point(0, 0, 1.0), Point(0, 1, 2.0)]))
+        points.write_rank(writer.sid, writer.columns([Point(0, 0, 5.0)]))
+    writer.write([Point(0, 1, 7.0), Point(1, 0, 3.0)])  # a rewrite, in a later unit
+    writer.stores.close()
+    again = open_stores()
+    rows = again.points.rank_points(writer.sid)
+    assert [(s, r, v) for s, r, v, *_ in rows] == [(0, 0, 5.0), (0, 1, 7.0), (1, 0, 3.0)]
+    assert again.points.counts([writer.sid]) == {writer.sid: (3, 1)}
+
+
+def test_late_points_are_brought_up_to_date(open_stores: OpenStores) -> None:
+    stores = open_stores()
+    writer = Writer(stores)
+    writes = [Point(s, r, float(r + s)) for s in range(10) for r in range(4)]
+    writer.write(writes)
+    late = [Point(2, 1, 50.0), Point(3, 5, -4.0), Point(0, 0, math.nan)]
+    writer.write(late)  # older steps than the series' newest: their aggregates go stale
+    assert stores.points.needs_refresh(writer.sid) and stores.points.backlog() == 3
+    while True:
+        with stores.unit():
+            more = stores.points.maintain()
+        if not more:
+            break
+    assert stores.points.backlog() == 0 and not stores.points.needs_refresh(writer.sid)
+    assert_matches(writer.summary(), reference(writes + late), 1.0)
+
+
+def test_scalar_points_replace_by_step(stores: Stores) -> None:
+    org, _ = stores.tenancy.ensure_org("o")
+    with stores.unit():
+        from instantml.storage.records import SCALAR, RunSpec
+
+        stores.runs.create(RunSpec(org, "r", "p", None, {}, [], {}))
+        run = stores.runs.resolve(org, ["r"])["r"]
+        assert run is not None
+        (sid,) = stores.runs.series_ids(run, SCALAR, ["acc"])
+        stores.points.write_scalars([ScalarPoint(sid, 1, 0.5, 0.0, False)])
+    with stores.unit():
+        stores.points.write_scalars(
+            [ScalarPoint(sid, 1, 0.7, 0.0, False), ScalarPoint(sid, 2, math.inf, 0.0, True)]
+        )
+    assert stores.points.scalar_points(sid) == [(1, 0.7), (2, math.inf)]
+
+
+@st.composite
+def batches(draw: st.DrawFn) -> list[list[Point]]:
+    world = draw(st.sampled_from([1, 3, 8]))
+    out = []
+    for _ in range(draw(st.integers(1, 4))):
+        out.append(
+            [
+                Point(
+                    draw(st.integers(0, 12)),
+                    r,
+                    draw(st.sampled_from([0.5, 1.0, 2.0, 9.0, -1.0, math.nan, math.inf])),
+                    draw(st.sampled_from([1.0, 3.0])),
+                    draw(st.sampled_from([None, 0, 1])),
+                    world,
+                )
+                for r in draw(st.lists(st.integers(0, world - 1), min_size=1, max_size=world))
+            ]
+        )
+    return out
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(batches=batches(), z=st.sampled_from([3.0, 0.5]))
+def test_aggregates_equal_the_reference(
+    open_stores: OpenStores, batches: list[list[Point]], z: float
+) -> None:
+    # Each example in series of its own run: hypothesis reuses the fixture's stores.
+    stores = open_stores()
+    writer = Writer.__new__(Writer)
+    writer.stores, writer.seq = stores, 0
+    org, _ = stores.tenancy.ensure_org("o")
+    run_id = f"r{np.random.default_rng().integers(1 << 60)}"
+    from instantml.storage.records import RunSpec
+
+    with stores.unit():
+        stores.runs.create(RunSpec(org, run_id, "p", None, {}, [], {}))
+        run = stores.runs.resolve(org, [run_id])[run_id]
+        assert run is not None
+        (writer.sid,) = stores.runs.series_ids(run, RANK, ["loss"])
+    for batch in batches:  # a later batch may rewrite, fill in or precede earlier steps
+        writer.write(batch)
+    writes = [p for batch in batches for p in batch]
+    assert_matches(
+        writer.summary(z=z, outlier_limit=10_000, max_points=4, heatmap_steps=3),
+        reference(writes, z=z, outlier_limit=10_000, max_points=4, heatmap_steps=3),
+        9.0,
+        z,
+    )
