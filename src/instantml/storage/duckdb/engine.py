@@ -44,6 +44,7 @@ class Engine:
         self._lock = threading.RLock()
         self._participants: list[Participant] = []
         self._depth = 0
+        self._owner: int | None = None  # the thread inside the current unit
         self.closed = False
 
     def join(self, participant: Participant) -> None:
@@ -59,7 +60,9 @@ class Engine:
 
     @property
     def in_unit(self) -> bool:
-        return self._depth > 0
+        """Whether this thread is inside a unit (so may use the writing connection, and
+        sees the unit's staged writes); other threads read committed data only."""
+        return self._depth > 0 and self._owner == threading.get_ident()
 
     @contextmanager
     def unit(self) -> Iterator[None]:
@@ -74,6 +77,7 @@ class Engine:
                     self._depth -= 1
                 return
             self._depth = 1
+            self._owner = threading.get_ident()
             self.con.execute("BEGIN TRANSACTION")
             for participant in self._participants:
                 participant.begin()
@@ -86,11 +90,11 @@ class Engine:
                 try:
                     self.con.execute("ROLLBACK")
                 finally:
-                    self._depth = 0
+                    self._depth, self._owner = 0, None
                     for participant in self._participants:
                         participant.rolled_back()
                 raise
-            self._depth = 0
+            self._depth, self._owner = 0, None
             for participant in self._participants:
                 participant.committed()
 

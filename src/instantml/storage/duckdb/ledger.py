@@ -124,17 +124,26 @@ class DuckDBLedger:
     def _committed_used(self, org_id: int, month: str) -> int:
         slot = (org_id, month)
         used = self._used.get(slot)
-        if used is None:
-            cur = self._engine.con if self._engine.in_unit else self._engine.cursor()
-            rows = cur.execute(
-                "SELECT coalesce(sum(points), 0) FROM usage_log WHERE org_id = ? AND month = ?",
-                [org_id, month],
-            ).fetchall()
-            used = self._used[slot] = int(rows[0][0])
+        if used is not None:
+            return used
+        in_unit = self._engine.in_unit
+        cur = self._engine.con if in_unit else self._engine.cursor()
+        rows = cur.execute(
+            "SELECT coalesce(sum(points), 0) FROM usage_log WHERE org_id = ? AND month = ?",
+            [org_id, month],
+        ).fetchall()
+        used = int(rows[0][0])
+        if in_unit:
+            # Only the writing thread fills the count: a read on another thread may race a
+            # commit, and a count that missed a charge would let the limit be overshot.
+            self._used[slot] = used
         return used
 
     def used(self, org_id: int, month: str) -> int:
-        return self._committed_used(org_id, month) + self._staged.charges.get((org_id, month), 0)
+        used = self._committed_used(org_id, month)
+        if self._engine.in_unit:  # the unit's own charges; other threads see committed ones
+            used += self._staged.charges.get((org_id, month), 0)
+        return used
 
     def charge(self, org_id: int, month: str, points: int, limit: int | None) -> bool:
         used = self.used(org_id, month)

@@ -6,9 +6,9 @@ owns the file: the store knows each (series, rank)'s newest committed step, so a
 beyond it is new (nearly all of them) and one at or before it may rewrite an existing
 point, whose old row is deleted in the same unit before the new one goes in.
 
-Aggregates: a step whose points all arrive in one unit, newer than any its series has,
-gets its reducers and each point's scores computed while staging; any other point marks
-its (series, step) stale, and stale steps are recomputed (``refresh``, ``maintain``) from
+Aggregates: a step whose points all arrive in one unit (a batch), newer than any its series
+has, gets its reducers and each point's scores computed while staging; any other point
+(single requests among them) marks its (series, step) stale, and stale steps are recomputed (``refresh``, ``maintain``) from
 all their points. Both use :func:`instantml.summary.step_stats.step_stats`, the one
 implementation of the definitions.
 """
@@ -57,6 +57,7 @@ WHERE NOT EXISTS (SELECT 1 FROM step_stats) AND NOT EXISTS (SELECT 1 FROM stale_
 """
 
 REFRESH_CHUNK = 4096  # stale steps recomputed per unit of background work
+FRESH_MIN_POINTS = 64  # a unit writing fewer points of a series leaves its new steps stale
 _POINT_NAMES = ("series_id", "step", "rank", "world_size", "local_rank", "value", "weight", "ts")
 
 
@@ -260,7 +261,11 @@ class DuckDBPoints:
         older steps are marked stale. Points that may exist already are noted to delete."""
         steps, ranks = points["step"], points["rank"]
         last = self._last_step.get(sid, -1)
-        fresh = steps > last
+        # Scoring now pays off for a batch, which holds whole steps. A few points (single
+        # requests: one rank of a step each) would be scored again when the step's other
+        # ranks arrive: they go stale, for the idle-time refresh (1.8 ms of a 6.4 ms write
+        # otherwise, measured).
+        fresh = steps > last if len(steps) >= FRESH_MIN_POINTS else np.zeros(len(steps), bool)
         scores = np.full((3, len(steps)), np.nan)
         if fresh.any():
             step_rows, delta, z, robust = step_stats(
