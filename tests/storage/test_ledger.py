@@ -89,3 +89,26 @@ def test_concurrent_charges_never_overshoot(stores: Stores) -> None:
         thread.join()
     assert results.count(True) == 10 and results.count(False) == 22
     assert stores.ledger.used(7, "2026-11") == 100
+
+
+def test_other_threads_see_committed_usage_only(stores: Stores) -> None:
+    inside, release = threading.Event(), threading.Event()
+
+    def writer() -> None:
+        with stores.unit():
+            assert stores.ledger.charge(3, "2026-11", 50, None)
+            inside.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        assert inside.wait(10)
+        assert stores.ledger.used(3, "2026-11") == 0  # not the unit's uncommitted charge
+    finally:
+        release.set()
+        thread.join()
+    # ...and the read before the commit left no stale count behind.
+    assert stores.ledger.used(3, "2026-11") == 50
+    with stores.unit():
+        assert not stores.ledger.charge(3, "2026-11", 51, 100)
