@@ -6,6 +6,9 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
+if [ -n "${PRE_INSTALL:-}" ]; then  # installed before the extras, which keep it
+  .venv/bin/python -m pip install --quiet $PRE_INSTALL
+fi
 .venv/bin/python -m pip install --quiet --editable ".[${EXTRAS:-server}]"
 # A lighter plotly.js for the dashboard (half the load time of the wheel's full bundle), when
 # npm is there; without it the server serves the plotly wheel's bundle.

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Set up, then lint, type-check and run the whole test suite.
 set -euo pipefail
-EXTRAS=test source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
+# A CPU build of torch for the integrations' tests (the frameworks run on the CPU there):
+# torch 2.13.0 is the CPU wheel these machines hold; elsewhere set TORCH_SPEC, e.g. to
+# "torch --index-url https://download.pytorch.org/whl/cpu".
+PRE_INSTALL="${TORCH_SPEC:-torch==2.13.0}" EXTRAS=test source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 # Debian's Chromium for the dashboard's browser tests (Playwright drives it; it downloads
 # no browser of its own).
 if ! command -v chromium >/dev/null 2>&1; then

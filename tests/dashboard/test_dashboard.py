@@ -182,3 +182,21 @@ def test_nonfinite_cells_and_the_outlier_count(
     row = next(r for r in rows if r.query_selector("td").inner_text() == "3")
     assert row.query_selector_all("td")[-1].inner_text() == "31"
     assert page.errors == []
+
+
+def test_the_straggler_panel_names_the_rank(
+    page: Any, server: ServerProcess, api: httpx.Client
+) -> None:
+    writes = [
+        Point(s, r, (30.0 if r == 6 else 10.0) + 0.01 * s, 1.0, r, 8)
+        for s in range(50)
+        for r in range(8)
+    ]
+    run_id = ingest(api, writes, key="perf/forward_ms")
+    page.goto(f"{server.url}/?token={server.admin_key}#/runs/{run_id}/distributed")
+    page.wait_for_selector("main[data-ready=distributed]")
+    verdict = page.inner_text("#straggler-verdict")
+    assert verdict.startswith("rank 6 is 2.9") and "the fastest rank's median" in verdict
+    first = page.query_selector_all("#stragglers tbody tr")[0].query_selector_all("td")
+    assert first[0].inner_text() == "6"
+    assert page.errors == []

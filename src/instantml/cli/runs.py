@@ -66,6 +66,8 @@ def ranks(args: argparse.Namespace) -> int:
     keys = sorted(s["key"] for s in series if s["kind"] == "rank")
     if not keys:
         raise CliError(f"run {args.run_id!r} has no rank metrics yet")
+    if args.stragglers:
+        return _stragglers(run, args.run_id, keys, args.window)
     key = args.key or default_key(keys)
     if key not in keys:
         raise CliError(
@@ -79,6 +81,23 @@ def ranks(args: argparse.Namespace) -> int:
         params={k: v for k, v in params.items() if v is not None},
     )
     print_summary(summary)
+    return 0
+
+
+def _stragglers(run: str, run_id: str, keys: list[str], window: int) -> int:
+    from ..summary.terminal import print_stragglers
+
+    timing = [k for k in keys if k.startswith("perf/") and k.endswith("_ms")]
+    if not timing:
+        raise CliError(
+            f"run {run_id!r} has no timing keys (perf/*_ms); its rank metrics: {', '.join(keys)}"
+        )
+    print_stragglers(
+        [
+            call("GET", f"/api/runs/{run}/stragglers", params={"key": key, "window": window})
+            for key in timing
+        ]
+    )
     return 0
 
 
@@ -107,5 +126,17 @@ def add_commands(commands: Any) -> None:
     summary.add_argument("--step-max", type=int, default=None, help="last step of the range")
     summary.add_argument(
         "--width", type=int, default=60, help="sparkline resolution in buckets (default 60)"
+    )
+    summary.add_argument(
+        "--stragglers",
+        action="store_true",
+        help="straggler scores of every timing key (perf/*_ms) instead: the fastest rank's"
+        " median over each rank's, below 0.75 flagged",
+    )
+    summary.add_argument(
+        "--window",
+        type=int,
+        default=200,
+        help="with --stragglers: the last N steps scored (default 200)",
     )
     summary.set_defaults(func=ranks)

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import TracebackType
 from typing import Any
 from urllib.parse import quote
@@ -15,10 +18,13 @@ from .. import validation
 from . import config as sdk_config
 from . import lifecycle
 from .async_sender import AsyncSender
+from .deferred import Deferred, holds_cuda
 from .sinks import Sink, SyncSink
+from .timing import RankStep, StepClock, system_metrics
 from .transport import Transport
 
 UPLOAD_MODES = ("sync", "async", "spool")
+_MODULES = sys.modules
 
 
 class Run:
@@ -46,7 +52,11 @@ class Run:
         self._finish_timeout = finish_timeout
         self._metrics_path = f"/runs/{quote(run_id)}/metrics"
         self._rank_path = f"/runs/{quote(run_id)}/rank-metrics"
+        self._attributes_path = f"/api/runs/{quote(run_id)}/attributes"
         self._next_step = 0
+        self._deferred = Deferred()  # calls holding GPU values, until their copies are done
+        self._pending = self._deferred.queue
+        self._clock = StepClock()
         self.finished = False
 
     @property
@@ -58,7 +68,7 @@ class Run:
 
     def log_rank_metrics(
         self,
-        metrics: dict[str, float],
+        metrics: dict[str, Any],
         step: int,
         rank: int | None = None,
         world_size: int | None = None,
@@ -69,9 +79,9 @@ class Run:
         """Log this rank's values for a global step. ``rank``, ``world_size`` and
         ``local_rank`` default from the ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK``
         environment variables; ``weight`` (e.g. the rank's sample count) defaults to 1.
-        NaN and +-inf are logged, not raised: the summary shows which rank produced them."""
-        values, marks = validation.metric_values(metrics)
-        checked_step = validation.step(step)
+        NaN and +-inf are logged, not raised: the summary shows which rank produced them.
+        Values may be numbers or 0-dim arrays/tensors; a CUDA tensor is read once its
+        device has produced it, without a synchronisation of this call's own."""
         if rank is None:
             rank = self._rank
             if rank is None:
@@ -86,35 +96,114 @@ class Run:
                 )
         if local_rank is None:
             local_rank = self._local_rank
-        r, size, lr = validation.rank_context(rank, world_size, local_rank)
+        context = validation.rank_context(rank, world_size, local_rank)
+        checked = (validation.step(step), *context, validation.weight(weight))
+        stamp = time.time() if timestamp is None else timestamp
+        if self._pending or ("torch" in _MODULES and holds_cuda(metrics)):
+            self._deferred.resolve()
+            if self._pending or holds_cuda(metrics):
+                _probe(metrics)  # names and host values checked now, where the call is made
+                self._deferred.add(metrics, lambda values: self._rank_event(values, checked, stamp))
+                return
+        self._rank_event(metrics, checked, stamp)
+
+    def _rank_event(
+        self,
+        metrics: dict[str, Any],
+        checked: tuple[int, int, int, int | None, float],
+        stamp: float,
+    ) -> None:
+        values, marks = validation.metric_values(metrics)
+        step, rank, size, local_rank, weight = checked
         body = {
             "metrics": values,
-            "step": checked_step,
-            "rank": r,
+            "step": step,
+            "rank": rank,
             "world_size": size,
-            "local_rank": lr,
-            "weight": validation.weight(weight),
-            "timestamp": time.time() if timestamp is None else timestamp,
+            "local_rank": local_rank,
+            "weight": weight,
+            "timestamp": stamp,
         }
         if marks:
             _with_marks(body, marks)
         self._sink.submit("POST", self._rank_path, body)
 
     def log_metrics(
-        self, metrics: dict[str, float], step: int, timestamp: float | None = None
+        self, metrics: dict[str, Any], step: int, timestamp: float | None = None
     ) -> None:
         """Log ordinary (run-level) scalars for a step."""
-        values, marks = validation.metric_values(metrics)
         checked_step = validation.step(step)
         self._next_step = max(self._next_step, checked_step + 1)
-        body = {
-            "metrics": values,
-            "step": checked_step,
-            "timestamp": time.time() if timestamp is None else timestamp,
-        }
+        stamp = time.time() if timestamp is None else timestamp
+        if self._deferred:
+            self._deferred.resolve()
+        if self._deferred or holds_cuda(metrics):
+            _probe(metrics)
+            self._deferred.add(
+                metrics, lambda values: self._scalar_event(values, checked_step, stamp)
+            )
+            return
+        self._scalar_event(metrics, checked_step, stamp)
+
+    def _scalar_event(self, metrics: dict[str, Any], step: int, stamp: float) -> None:
+        values, marks = validation.metric_values(metrics)
+        body = {"metrics": values, "step": step, "timestamp": stamp}
         if marks:
             _with_marks(body, marks)
         self._sink.submit("POST", self._metrics_path, body)
+
+    def log_config(self, config: dict[str, Any]) -> None:
+        """Add entries to the run's config (shown on its page beside the config it was
+        created with); one rank (rank 0) is enough."""
+        if not isinstance(config, dict):
+            raise TypeError("config must be a dict")
+        attributes = [
+            {"path": f"config/{k}", "type": "config", "value": v} for k, v in config.items()
+        ]
+        if attributes:
+            self._sink.submit("POST", self._attributes_path, {"attributes": attributes})
+
+    @contextmanager
+    def rank_step(
+        self,
+        step: int,
+        *,
+        every: int = 1,
+        rank: int | None = None,
+        world_size: int | None = None,
+        local_rank: int | None = None,
+        weight: float | None = None,
+        system: bool = True,
+    ) -> Iterator[RankStep]:
+        """Time one step of a hand-written loop and log this rank's timing keys with it
+        (every ``every`` steps): ``perf/step_time_ms``, ``perf/data_wait_ms`` (from the end
+        of the previous step), ``perf/forward_ms`` (sections marked with
+        ``with s.forward():``), and ``system/*``; values given to ``s.log`` go with them::
+
+            for step, batch in enumerate(loader):
+                with run.rank_step(step) as s:
+                    with s.forward():
+                        loss = model(batch)
+                    loss.backward(); optimizer.step()
+                    s.log({"train/loss": loss})
+
+        Under synchronous DDP every rank's step time is the same (the all-reduce waits for
+        the slowest); the forward section is what points at a straggler."""
+        clock = self._clock
+        clock.start()
+        current = RankStep(clock)
+        yield current  # a step that raises is not logged: the loop is failing anyway
+        timing = clock.end()
+        if step % every == 0:
+            extra = system_metrics() if system else {}
+            self.log_rank_metrics(
+                {**current.values, **timing, **extra},
+                step,
+                rank=rank,
+                world_size=world_size,
+                local_rank=local_rank,
+                weight=weight,
+            )
 
     def log(self, metrics: dict[str, float], step: int | None = None) -> None:
         """Log scalars; without ``step``, one past the last step this process logged."""
@@ -122,6 +211,7 @@ class Run:
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until what was logged is delivered (async) or written (spool)."""
+        self._deferred.resolve(wait=True)
         return self._sink.flush(self._finish_timeout if timeout is None else timeout)
 
     def finish(self, status: str = "finished", timeout: float | None = None) -> bool:
@@ -133,6 +223,7 @@ class Run:
         lifecycle.forget(self)
         limit = self._finish_timeout if timeout is None else timeout
         try:
+            self._deferred.resolve(wait=True)
             self._sink.submit(
                 "PATCH", f"/runs/{quote(self.run_id)}", {"status": validation.run_status(status)}
             )
@@ -166,6 +257,13 @@ def _warn_unshared_run(run_id: str | None) -> None:
     if message is not None:
         _warned_unshared = True
         warnings.warn(f"instantml: {message}", RuntimeWarning, stacklevel=3)
+
+
+def _probe(metrics: dict[str, Any]) -> None:
+    """Validate a call's names and host values now; its device values are read later."""
+    validation.metric_values(
+        {k: 0.0 if getattr(v, "is_cuda", False) else v for k, v in metrics.items()}
+    )
 
 
 def _with_marks(body: dict[str, Any], marks: dict[str, str]) -> None:

@@ -193,6 +193,14 @@ class PointStore(Protocol):
         """The rows a Distributed summary of the series is assembled from."""
         ...
 
+    def window_medians(
+        self, series_id: int, window: int
+    ) -> tuple[tuple[int, int] | None, dict[int, tuple[float, int]]]:
+        """Over the series' last ``window`` steps: their (first, last) step (None when the
+        series has none), and per rank the median of its finite values and how many steps
+        it reported."""
+        ...
+
 
 @dataclass(frozen=True)
 class Stores:

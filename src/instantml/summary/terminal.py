@@ -136,3 +136,40 @@ def render(summary: dict[str, Any], worst: int = 8, outliers: int = 10) -> Group
 
 def print_summary(summary: dict[str, Any], console: Console | None = None) -> None:
     (console or Console()).print(render(summary))
+
+
+def render_stragglers(results: list[dict[str, Any]], shown: int = 8) -> Group:
+    """Per timing key: the flagged ranks, by how much, and the slowest ranks' scores."""
+    parts: list[Any] = []
+    for result in results:
+        key, ranks = result["key"], result["ranks"]
+        span = result["step_range"]
+        head = f"{key}: last {result['window']} steps" + (
+            f" ({span[0]}-{span[1]})" if span else " (no steps)"
+        )
+        flagged = [r for r in ranks if r["straggler"]]
+        if flagged:
+            worst = ", ".join(
+                f"rank {r['rank']} ({1 / r['score']:.2f}x the fastest)" if r["score"] > 0
+                else f"rank {r['rank']}"
+                for r in flagged
+            )  # fmt: skip
+            parts.append(Text(f"{head}: stragglers {worst}", style="bold red"))
+        else:
+            parts.append(Text(f"{head}: no straggler", style="green"))
+        table = Table(show_edge=False)
+        for column in ("rank", "median ms", "score", "steps"):
+            table.add_column(column, justify="right")
+        for r in ranks[:shown]:
+            table.add_row(
+                str(r["rank"]),
+                _num(r["median"]),
+                Text(f"{r['score']:.2f}", style="red" if r["straggler"] else ""),
+                str(r["steps"]),
+            )
+        parts.append(table)
+    return Group(*parts)
+
+
+def print_stragglers(results: list[dict[str, Any]], console: Console | None = None) -> None:
+    (console or Console()).print(render_stragglers(results))

@@ -222,7 +222,12 @@ async function showDistributed(run, rankKeys, params, body) {
   const query = new URLSearchParams({ key, max_points: "500", heatmap_steps: "200" });
   if (lo !== null) query.set("step_min", lo);
   if (hi !== null) query.set("step_max", hi);
-  const s = await api(`/api/runs/${encodeURIComponent(run.id)}/distributed?${query}`);
+  // Straggler scores of a timing key: the selected one if it is one, else perf/forward_ms.
+  const timingKey = /^perf\/.*_ms$/.test(key) ? key : rankKeys.includes("perf/forward_ms") ? "perf/forward_ms" : null;
+  const [s, strag] = await Promise.all([
+    api(`/api/runs/${encodeURIComponent(run.id)}/distributed?${query}`),
+    timingKey ? api(`/api/runs/${encodeURIComponent(run.id)}/stragglers?${new URLSearchParams({ key: timingKey })}`) : null,
+  ]);
   const hashParams = new URLSearchParams({ key });
   if (lo !== null) hashParams.set("step_min", lo);
   if (hi !== null) hashParams.set("step_max", hi);
@@ -270,6 +275,8 @@ async function showDistributed(run, rankKeys, params, body) {
   } else {
     missing.append(el("li", { class: "muted", text: "Every rank reported the last step." }));
   }
+
+  if (strag) body.append(stragglerCard(strag));
 
   const outliers = table([
     { title: "step", value: (o) => o.step, num: true }, { title: "rank", value: (o) => o.rank, num: true },
@@ -334,6 +341,25 @@ async function showDistributed(run, rankKeys, params, body) {
   }
   main.dataset.key = key;
   main.dataset.ready = "distributed";
+}
+
+function stragglerCard(strag) {
+  const flagged = strag.ranks.filter((r) => r.straggler);
+  const verdict = flagged.length
+    ? flagged.map((r) => `rank ${r.rank} is ${(1 / r.score).toFixed(2)}× the fastest rank's median`).join("; ")
+    : "no straggler";
+  const rows = table([
+    { title: "rank", value: (r) => r.rank, num: true },
+    { title: "median ms", value: (r) => r.median, num: true },
+    { title: "score", value: (r) => r.score, num: true,
+      render: (r) => el("span", { class: r.straggler ? "bad" : "", text: fmt(r.score, 3) }) },
+    { title: "steps", value: (r) => r.steps, num: true },
+  ], strag.ranks, { sortable: true, id: "stragglers" });
+  const span = strag.step_range ? `steps ${strag.step_range[0]}–${strag.step_range[1]}` : "no steps";
+  return el("div", { class: "card" },
+    el("h3", { text: `Stragglers on ${strag.key} (last ${strag.window} steps, ${span}; score = fastest median / rank's median, below ${strag.threshold} flagged)` }),
+    el("p", { id: "straggler-verdict", class: flagged.length ? "callout-text" : "muted", text: verdict }),
+    el("div", { class: "scroll short" }, rows));
 }
 
 // ---------- routing ----------

@@ -10,12 +10,35 @@ from starlette.concurrency import run_in_threadpool
 from ...storage.records import RANK, ApiKeyRecord
 from ...summary import SummaryParams
 from ...summary.assemble import assemble
+from ...summary.stragglers import DEFAULT_KEY, DEFAULT_WINDOW, THRESHOLD, scores
 from ..commands import Envelope, Refresh
 from ..errors import ApiError
-from ..services import require, services
+from ..services import Services, require, services
 
 router = APIRouter()
 Read = Annotated[ApiKeyRecord, Depends(require("read"))]
+
+
+async def _rank_series(
+    found: Services, org_id: int, run_id: str, metric: str | None
+) -> tuple[list[str], str, int]:
+    """The run's rank keys, the key asked for (default: the first), and its series; 404s
+    that name what exists."""
+    series = await run_in_threadpool(found.stores.runs.series, org_id, run_id)
+    if series is None:
+        raise ApiError(404, f"run {run_id!r} not found")
+    ids = {name: sid for sid, kind, name in series if kind == RANK}
+    keys = sorted(ids)
+    if metric is None:
+        if not keys:
+            raise ApiError(404, f"run {run_id!r} has no rank metrics yet")
+        metric = keys[0]
+    elif metric not in ids:
+        listed = ", ".join(repr(k) for k in keys[:20]) + (", ..." if len(keys) > 20 else "")
+        raise ApiError(
+            404, f"key: run {run_id!r} has no rank metric {metric!r}; its rank metrics: {listed}"
+        )
+    return keys, metric, ids[metric]
 
 
 @router.get("/api/runs/{run_id}/distributed")
@@ -34,31 +57,40 @@ async def distributed(
     """Reducers across ranks per step, coverage, rank x step heatmap, outliers and the
     per-rank rollup of one key (default: the first key in sorted order)."""
     found = services(request)
-    runs, points = found.stores.runs, found.stores.points
-    series = await run_in_threadpool(runs.series, key.org_id, run_id)
-    if series is None:
-        raise ApiError(404, f"run {run_id!r} not found")
-    ids = {name: sid for sid, kind, name in series if kind == RANK}
-    keys = sorted(ids)
-    if metric is None:
-        if not keys:
-            raise ApiError(404, f"run {run_id!r} has no rank metrics yet")
-        metric = keys[0]
-    elif metric not in ids:
-        listed = ", ".join(repr(k) for k in keys[:20]) + (", ..." if len(keys) > 20 else "")
-        raise ApiError(
-            404, f"key: run {run_id!r} has no rank metric {metric!r}; its rank metrics: {listed}"
-        )
+    points = found.stores.points
+    keys, metric, sid = await _rank_series(found, key.org_id, run_id, metric)
     try:
         params = SummaryParams(
             metric, step_min, step_max, max_points, heatmap_steps, z, outlier_limit
         )
     except ValueError as exc:
         raise ApiError(422, str(exc)) from None
-    sid = ids[metric]
     # Answer with every point committed before the request: stale aggregates are brought
     # up to date first, by the writer (the only thread that writes).
     if await run_in_threadpool(points.needs_refresh, sid):
         await found.writer.submit([Envelope(Refresh(key.org_id, run_id, metric))])
     rows = await run_in_threadpool(points.summary_rows, sid, params)
     return {"run_id": run_id, "key": metric, "keys": keys, **assemble(rows, params)}
+
+
+@router.get("/api/runs/{run_id}/stragglers")
+async def stragglers(
+    request: Request,
+    run_id: str,
+    key: Read,
+    metric: Annotated[str, Query(alias="key", min_length=1, max_length=2048)] = DEFAULT_KEY,
+    window: Annotated[int, Query(ge=1, le=100_000)] = DEFAULT_WINDOW,
+) -> dict[str, Any]:
+    """Per-rank straggler scores of a timing key over its last ``window`` steps: the
+    fastest rank's median over this rank's (below 0.75: a straggler)."""
+    found = services(request)
+    _, metric, sid = await _rank_series(found, key.org_id, run_id, metric)
+    step_range, medians = await run_in_threadpool(found.stores.points.window_medians, sid, window)
+    return {
+        "run_id": run_id,
+        "key": metric,
+        "window": window,
+        "step_range": None if step_range is None else list(step_range),
+        "threshold": THRESHOLD,
+        **scores(medians),
+    }

@@ -164,6 +164,11 @@ class DuckDBPoints:
     def summary_rows(self, series_id: int, params: SummaryParams) -> SummaryRows:
         return summary.rows(self._engine.cursor(), series_id, params)
 
+    def window_medians(
+        self, series_id: int, window: int
+    ) -> tuple[tuple[int, int] | None, dict[int, tuple[float, int]]]:
+        return summary.window_medians(self._engine.cursor(), series_id, window)
+
     # ---- the unit ----
 
     def begin(self) -> None:

@@ -85,3 +85,27 @@ def rows(cur: duckdb.DuckDBPyConnection, series_id: int, params: SummaryParams) 
         cur.execute("ROLLBACK")
         raise
     return found
+
+
+def window_medians(
+    cur: duckdb.DuckDBPyConnection, series_id: int, window: int
+) -> tuple[tuple[int, int] | None, dict[int, tuple[float, int]]]:
+    """Per rank, the median of its finite values over the series' last ``window`` steps.
+    The steps come from the step rows (every step is in ``step_stats`` or stale), not
+    from a scan of the points."""
+    rows = cur.execute(
+        "SELECT min(step), max(step) FROM (SELECT step FROM step_stats WHERE series_id = $sid"
+        " UNION SELECT step FROM stale_steps WHERE series_id = $sid"
+        " ORDER BY step DESC LIMIT $window)",
+        {"sid": series_id, "window": window},
+    ).fetchall()
+    first, last = rows[0]
+    if first is None:
+        return None, {}
+    medians = cur.execute(
+        "SELECT rank, median(value), count(DISTINCT step) FROM rank_points"
+        " WHERE series_id = $sid AND step BETWEEN $first AND $last AND isfinite(value)"
+        " GROUP BY rank",
+        {"sid": series_id, "first": first, "last": last},
+    ).fetchall()
+    return (int(first), int(last)), {int(r): (float(m), int(n)) for r, m, n in medians}

@@ -1,0 +1,49 @@
+"""A Lightning DDP job on CPU (gloo), 4 processes through Lightning's own launcher: rank
+SLOW_RANK's training_step is slower. Run by tests/integrations/test_lightning.py."""
+
+import sys
+import time
+
+import lightning.pytorch as pl
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from instantml.integrations.lightning import InstantMLCallback
+
+PROJECT, SLOW_RANK = sys.argv[1], int(sys.argv[2])
+
+
+class Model(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.save_hyperparameters({"lr": 0.05, "hidden": 8})
+        self.layer = torch.nn.Linear(8, 1)
+
+    def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+        x, y = batch
+        if self.global_rank == SLOW_RANK:
+            time.sleep(0.03)  # a slower forward on one rank: a straggler
+        loss = torch.nn.functional.mse_loss(self.layer(x), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def configure_optimizers(self):  # type: ignore[no-untyped-def]
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(512, 8), torch.randn(512, 1))
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=4,
+        strategy="ddp",
+        max_steps=30,
+        log_every_n_steps=1,
+        enable_checkpointing=False,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[InstantMLCallback(project=PROJECT, name="lightning-ddp")],
+    )
+    trainer.fit(Model(), DataLoader(data, batch_size=8))

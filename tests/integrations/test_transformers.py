@@ -1,0 +1,39 @@
+"""Hugging Face's Trainer under torchrun, 2 CPU processes on gloo, a tiny GPT-2 built from
+a config: one run (torchrun here sets no job id the ranks share), each rank's own loss."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import httpx
+
+from instantml.server.process import ServerProcess, free_port
+from tests.integrations.conftest import HERE, needs, only_run, ranks_of, run_job
+
+
+def test_each_rank_logs_its_own_loss_into_one_run(
+    server: ServerProcess, api: httpx.Client, tmp_path: Path
+) -> None:
+    needs("transformers", "torch", "accelerate")
+    project = f"hf-{uuid.uuid4().hex[:6]}"
+    torchrun = [
+        "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
+        "--rdzv-backend=static", "--master-addr=127.0.0.1", f"--master-port={free_port()}",
+        "--node-rank=0",
+    ]  # fmt: skip
+    run_job([*torchrun, str(HERE / "transformers_job.py"), project, str(tmp_path / "out")],
+            server, tmp_path)  # fmt: skip
+    run_id = str(only_run(api, project)["id"])
+    run = api.get(f"/runs/{run_id}").json()["run"]  # with the config logged after creation
+    assert run["status"] == "finished" and run["world_size"] == 2
+    for key in ("train/loss", "perf/step_time_ms", "perf/forward_ms", "system/cpu_rss_mb"):
+        assert ranks_of(api, run_id, key) == {0, 1}, key
+    points = api.get(f"/api/runs/{run_id}/rank-points", params={"metric": "train/loss"}).json()
+    steps = sorted({p[0] for p in points["points"]})
+    assert steps == [2, 4, 6, 8]  # every logging_steps optimizer steps
+    by_rank = {r: [p[2] for p in points["points"] if p[1] == r] for r in (0, 1)}
+    assert by_rank[0] != by_rank[1]  # each rank's own batches, not the Trainer's mean
+    keys = {k["key"]: k["kind"] for k in api.get(f"/api/runs/{run_id}/keys").json()["keys"]}
+    assert keys.get("loss") == "scalar"  # rank 0's copy of the Trainer's own logs
+    assert run["config"]["model/n_embd"] == 16 and run["config"]["logging_steps"] == 2
