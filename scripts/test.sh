@@ -14,6 +14,15 @@ if ! command -v chromium >/dev/null 2>&1; then
     echo "note: no chromium on PATH; the browser tests will be skipped" >&2
   fi
 fi
+# Debian's PostgreSQL for the scale-out backend's tests (they start a throwaway cluster of
+# their own on a free port, and skip without it).
+if ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+  else
+    echo "note: no PostgreSQL (initdb) here; its tests will be skipped" >&2
+  fi
+fi
 # The public instantml 0.1.1 SDK, in a venv of its own, for the wire-compatibility tests.
 if [ ! -x .venv-public/bin/python ]; then
   "$PYTHON" -m venv .venv-public

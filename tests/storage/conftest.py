@@ -6,6 +6,7 @@ its URLs to BACKENDS (behind a marker when it needs services CI starts)."""
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 
 from instantml.storage import open_stores as _open
 from instantml.storage.protocols import Stores
+from tests.postgres import Cluster
 
 
 def _duckdb(root: Path) -> tuple[str, str]:
@@ -25,9 +27,34 @@ def _duckdb_split(root: Path) -> tuple[str, str]:
     return f"duckdb://{root / 'meta.duckdb'}", f"duckdb://{root / 'points.duckdb'}"
 
 
+def _postgres_duckdb(root: Path) -> tuple[str, str]:
+    # Metadata on PostgreSQL (one fresh database per call), points in DuckDB.
+    return _postgres().new_database(), f"duckdb://{root / 'points.duckdb'}"
+
+
+_cluster: list[Cluster] = []
+
+
+def _postgres() -> Cluster:
+    if not _cluster:
+        try:
+            _cluster.append(Cluster())
+        except (FileNotFoundError, subprocess.CalledProcessError) as exc:
+            pytest.skip(f"no PostgreSQL here ({exc}); scripts/test.sh installs it")
+    return _cluster[0]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_postgres() -> Iterator[None]:
+    yield
+    for cluster in _cluster:
+        cluster.stop()
+
+
 BACKENDS: dict[str, Callable[[Path], tuple[str, str]]] = {
     "duckdb": _duckdb,
     "duckdb-split": _duckdb_split,
+    "postgres+duckdb": _postgres_duckdb,
 }
 
 OpenStores = Callable[[], Stores]

@@ -41,7 +41,8 @@ def bootstrap(settings: ServerSettings, tenancy: Tenancy) -> str | None:
         return None
     org_id, _ = tenancy.ensure_org(DEFAULT_ORG)
     key, key_id, key_hash = new_api_key()
-    tenancy.add_api_key(org_id, key_id, key_hash, ALL_SCOPES)
+    if not tenancy.add_first_api_key(org_id, key_id, key_hash, ALL_SCOPES):
+        return None  # another server process started on the same store first
     _write_private(settings.data_dir / "admin-key", key + "\n")
     return key
 

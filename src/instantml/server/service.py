@@ -97,7 +97,10 @@ class WriteService:
         now = self.policy.clock()
         if now - self._last_prune >= _PRUNE_EVERY:
             self._last_prune = now
-            self.stores.ledger.prune(now - IDEMPOTENCY_RETENTION)
+            try:
+                self.stores.ledger.prune(now - IDEMPOTENCY_RETENTION)
+            except Exception:  # housekeeping after a committed write: never fails it
+                log.exception("pruning expired Idempotency-Keys")
 
 
 class _Group:

@@ -63,7 +63,23 @@ def _duckdb_points(url: str, engines: _Engines) -> Points:
     return Points(DuckDBPoints(engine), engine.unit, engine.close)
 
 
-METADATA_BACKENDS: dict[str, Callable[[str, _Engines], Metadata]] = {"duckdb": _duckdb_metadata}
+def _postgres_metadata(url: str, engines: _Engines) -> Metadata:
+    try:
+        from .postgres import PgEngine, PgLedger, PgRuns, PgTenancy
+    except ImportError as exc:
+        raise ImportError(
+            f"{url.split('://')[0]}:// needs the postgres extra ({exc.name} is missing):"
+            " pip install 'instantml[postgres]'"
+        ) from None
+    engine = PgEngine(url)
+    return Metadata(PgTenancy(engine), PgRuns(engine), PgLedger(engine), engine.unit, engine.close)
+
+
+METADATA_BACKENDS: dict[str, Callable[[str, _Engines], Metadata]] = {
+    "duckdb": _duckdb_metadata,
+    "postgresql": _postgres_metadata,
+    "postgres": _postgres_metadata,
+}
 POINT_BACKENDS: dict[str, Callable[[str, _Engines], Points]] = {"duckdb": _duckdb_points}
 
 

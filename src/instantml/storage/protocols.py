@@ -48,6 +48,13 @@ class Tenancy(Protocol):
         self, org_id: int, key_id: str, key_hash: str, scopes: frozenset[str]
     ) -> None: ...
 
+    def add_first_api_key(
+        self, org_id: int, key_id: str, key_hash: str, scopes: frozenset[str]
+    ) -> bool:
+        """Add the key only if the store has no key at all: when several server processes
+        start on an empty store, exactly one wins (True)."""
+        ...
+
     def find_api_key(self, key_id: str) -> ApiKeyRecord | None:
         """The key with this id, revoked or not (``revoked`` says); None if there is none."""
         ...

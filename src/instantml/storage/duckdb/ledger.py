@@ -114,10 +114,7 @@ class DuckDBLedger:
         )
 
     def prune(self, before: float) -> None:
-        try:
-            self._engine.con.execute("DELETE FROM idempotency WHERE created_at < ?", [before])
-        except Exception:  # housekeeping: never fails a write
-            log.exception("pruning expired Idempotency-Keys")
+        self._engine.cursor().execute("DELETE FROM idempotency WHERE created_at < ?", [before])
 
     # ---- usage ----
 

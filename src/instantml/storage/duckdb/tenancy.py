@@ -61,6 +61,15 @@ class DuckDBTenancy:
             [key_id, org_id, key_hash, ",".join(sorted(scopes)), time.time()],
         )
 
+    def add_first_api_key(
+        self, org_id: int, key_id: str, key_hash: str, scopes: frozenset[str]
+    ) -> bool:
+        with self._lock:  # one process owns the file: a lock of its own is enough
+            if self.count_api_keys():
+                return False
+            self.add_api_key(org_id, key_id, key_hash, scopes)
+            return True
+
     def find_api_key(self, key_id: str) -> ApiKeyRecord | None:
         rows = (
             self._engine.cursor()

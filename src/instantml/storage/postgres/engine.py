@@ -1,0 +1,142 @@
+"""A PostgreSQL database for the metadata stores: a connection pool, the schema (created
+and migrated on start under an advisory lock, so processes starting together are safe),
+and units of work: one transaction per unit, on a connection the unit's thread holds.
+
+Concurrency is the database's: unique indexes and ``INSERT ... ON CONFLICT`` for ids and
+claims, one conditional ``UPDATE`` for the guardrail, sequences for ids. Nothing that
+processes must agree on is decided in process memory.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from psycopg_pool import ConnectionPool
+
+from ..records import StorageError
+
+SCHEMA_VERSION = 1
+_MIGRATION_LOCK = 0x1A57A7E  # pg_advisory_lock key: one migrating process at a time
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS orgs (
+    org_id BIGSERIAL PRIMARY KEY, name TEXT UNIQUE NOT NULL, monthly_limit BIGINT,
+    created_at DOUBLE PRECISION NOT NULL);
+CREATE TABLE IF NOT EXISTS api_keys (
+    key_id TEXT PRIMARY KEY, org_id BIGINT NOT NULL, key_hash TEXT NOT NULL,
+    scopes TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL, revoked_at DOUBLE PRECISION);
+CREATE TABLE IF NOT EXISTS runs (
+    run_seq BIGSERIAL PRIMARY KEY, org_id BIGINT NOT NULL, run_id TEXT NOT NULL,
+    project TEXT NOT NULL, name TEXT, status TEXT NOT NULL, config TEXT NOT NULL,
+    tags TEXT NOT NULL, metadata TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL,
+    updated_at DOUBLE PRECISION NOT NULL, world_size INTEGER, last_step BIGINT,
+    UNIQUE (org_id, run_id));
+CREATE TABLE IF NOT EXISTS series (
+    series_id BIGSERIAL PRIMARY KEY, run_seq BIGINT NOT NULL, kind SMALLINT NOT NULL,
+    key TEXT NOT NULL, UNIQUE (run_seq, kind, key));
+CREATE TABLE IF NOT EXISTS attributes (
+    seq BIGSERIAL PRIMARY KEY, run_seq BIGINT NOT NULL, path TEXT, type TEXT, step BIGINT,
+    value TEXT, ts DOUBLE PRECISION NOT NULL);
+CREATE INDEX IF NOT EXISTS attributes_run ON attributes (run_seq);
+CREATE TABLE IF NOT EXISTS usage (
+    org_id BIGINT NOT NULL, month TEXT NOT NULL, used BIGINT NOT NULL,
+    PRIMARY KEY (org_id, month));
+CREATE TABLE IF NOT EXISTS answers (
+    org_id BIGINT NOT NULL, key_hi BIGINT NOT NULL, key_lo BIGINT NOT NULL,
+    fingerprint BIGINT NOT NULL, status SMALLINT NOT NULL, body TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL, PRIMARY KEY (org_id, key_hi, key_lo));
+CREATE INDEX IF NOT EXISTS answers_created ON answers (created_at);
+CREATE TABLE IF NOT EXISTS claims (
+    org_id BIGINT NOT NULL, key_hi BIGINT NOT NULL, key_lo BIGINT NOT NULL,
+    expires DOUBLE PRECISION NOT NULL, PRIMARY KEY (org_id, key_hi, key_lo));
+"""
+
+
+class PgEngine:
+    """``postgresql://user:pass@host:port/db``."""
+
+    def __init__(self, url: str, max_connections: int = 16) -> None:
+        self.url = url
+        try:
+            self.pool = ConnectionPool(
+                url, min_size=1, max_size=max_connections, open=True, timeout=10.0,
+                kwargs={"autocommit": True}, name="instantml",
+            )  # fmt: skip
+            self.pool.wait(timeout=10.0)
+        except Exception as exc:  # a clear message at start: where, and why
+            raise StorageError(f"cannot connect to PostgreSQL at {_safe(url)}: {exc}") from None
+        self._local = threading.local()
+        self._participants: list[Any] = []
+        self.migrate()
+
+    def migrate(self) -> None:
+        with self.pool.connection() as con:
+            con.execute("SELECT pg_advisory_lock(%s)", [_MIGRATION_LOCK])
+            try:
+                con.execute(SCHEMA)
+                row = con.execute("SELECT max(version) FROM schema_version").fetchone()
+                if row is None or row[0] is None:
+                    con.execute("INSERT INTO schema_version VALUES (%s)", [SCHEMA_VERSION])
+            finally:
+                con.execute("SELECT pg_advisory_unlock(%s)", [_MIGRATION_LOCK])
+
+    def join(self, participant: Any) -> None:
+        self._participants.append(participant)
+
+    @property
+    def in_unit(self) -> bool:
+        return getattr(self._local, "con", None) is not None
+
+    @contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        """The unit's connection (inside one), else an autocommit one from the pool."""
+        con = getattr(self._local, "con", None)
+        if con is not None:
+            yield con
+            return
+        with self.pool.connection() as con:
+            yield con
+
+    @contextmanager
+    def unit(self) -> Iterator[None]:
+        """One transaction for the block (on this thread); a unit in a unit joins it."""
+        if getattr(self._local, "con", None) is not None:
+            yield
+            return
+        with self.pool.connection() as con:
+            self._local.con = con
+            staged = self._local.staged = {id(p): p.begin() for p in self._participants}
+            try:
+                with con.transaction():
+                    yield
+                    for participant in self._participants:
+                        participant.flush(staged[id(participant)])
+            finally:
+                self._local.con = None
+                self._local.staged = None
+        for participant in self._participants:  # only a committed unit teaches caches
+            participant.committed(staged[id(participant)])
+
+    def staged(self, participant: Any) -> Any:
+        """What ``participant`` staged in this thread's unit (outside one: nothing, so
+        reads see committed data only)."""
+        staged = getattr(self._local, "staged", None)
+        return participant.begin() if staged is None else staged[id(participant)]
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+def _safe(url: str) -> str:
+    """The URL without its password."""
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        credentials, host = rest.rsplit("@", 1)
+        user = credentials.split(":", 1)[0]
+        return f"{scheme}://{user}:***@{host}"
+    return url

@@ -1,0 +1,147 @@
+"""Idempotency-Key claims and answers, and usage, in PostgreSQL: shared by every server
+process.
+
+- A claim is a row with a lease (``expires``): ``INSERT ... ON CONFLICT DO UPDATE ... WHERE
+  the lease ran out``, so a key is in flight in one process at a time, and a process that
+  died mid-request frees its keys when their lease runs out.
+- A charge is one conditional ``UPDATE ... SET used = used + n WHERE used + n <= limit``:
+  its row lock serialises concurrent charges of an org, so the month's limit is never
+  overshot, whichever processes charge.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..records import Slot, StoredAnswer
+from .engine import PgEngine
+
+CLAIM_LEASE = 300.0  # a claim outlives a request's longest wait; a dead process's expires
+
+
+@dataclass
+class _Staged:
+    answers: list[tuple[int, int, int, int, int, str, float]] = field(default_factory=list)
+
+
+class PgLedger:
+    def __init__(self, engine: PgEngine) -> None:
+        self._engine = engine
+        engine.join(self)
+
+    # ---- claims ----
+
+    def claim(self, slots: set[Slot]) -> set[Slot]:
+        if not slots:
+            return set()
+        org, hi, lo = (list(c) for c in zip(*slots))
+        now = time.time()
+        with self._engine.connection() as con:
+            rows = con.execute(
+                "INSERT INTO claims (org_id, key_hi, key_lo, expires)"
+                " SELECT *, %s FROM unnest(%s::BIGINT[], %s::BIGINT[], %s::BIGINT[])"
+                " ON CONFLICT (org_id, key_hi, key_lo) DO UPDATE SET expires = EXCLUDED.expires"
+                " WHERE claims.expires < %s RETURNING org_id, key_hi, key_lo",
+                [now + CLAIM_LEASE, org, hi, lo, now],
+            ).fetchall()
+        claimed = {(int(o), int(h), int(w)) for o, h, w in rows}
+        return slots - claimed
+
+    def release(self, slots: set[Slot]) -> None:
+        if not slots:
+            return
+        org, hi, lo = (list(c) for c in zip(*slots))
+        with self._engine.connection() as con:
+            con.execute(
+                "DELETE FROM claims USING unnest(%s::BIGINT[], %s::BIGINT[], %s::BIGINT[])"
+                " AS r(o, h, l) WHERE claims.org_id = r.o AND claims.key_hi = r.h"
+                " AND claims.key_lo = r.l",
+                [org, hi, lo],
+            )
+
+    # ---- answers ----
+
+    def lookup(self, slots: Sequence[Slot]) -> dict[Slot, StoredAnswer]:
+        if not slots:
+            return {}
+        org, hi, lo = (list(c) for c in zip(*slots))
+        with self._engine.connection() as con:
+            rows = con.execute(
+                "SELECT a.org_id, a.key_hi, a.key_lo, a.fingerprint, a.status, a.body"
+                " FROM answers a JOIN unnest(%s::BIGINT[], %s::BIGINT[], %s::BIGINT[])"
+                " AS r(o, h, l) ON a.org_id = r.o AND a.key_hi = r.h AND a.key_lo = r.l",
+                [org, hi, lo],
+            ).fetchall()
+        return {
+            (int(o), int(h), int(w)): StoredAnswer(int(f), int(s), b) for o, h, w, f, s, b in rows
+        }
+
+    def record(
+        self,
+        org: np.ndarray,
+        key_hi: np.ndarray,
+        key_lo: np.ndarray,
+        fingerprint: np.ndarray,
+        status: np.ndarray,
+        body: Sequence[str],
+        created_at: float,
+    ) -> None:
+        staged: _Staged = self._engine.staged(self)
+        staged.answers.extend(
+            zip(
+                org.tolist(), key_hi.tolist(), key_lo.tolist(), fingerprint.tolist(),
+                status.tolist(), body, [created_at] * len(body), strict=True,
+            )
+        )  # fmt: skip
+
+    def prune(self, before: float) -> None:
+        with self._engine.connection() as con:
+            con.execute("DELETE FROM answers WHERE created_at < %s", [before])
+
+    # ---- usage ----
+
+    def used(self, org_id: int, month: str) -> int:
+        with self._engine.connection() as con:
+            row = con.execute(
+                "SELECT used FROM usage WHERE org_id = %s AND month = %s", [org_id, month]
+            ).fetchone()
+        return 0 if row is None else int(row[0])
+
+    def charge(self, org_id: int, month: str, points: int, limit: int | None) -> bool:
+        with self._engine.connection() as con:
+            con.execute(
+                "INSERT INTO usage VALUES (%s, %s, 0) ON CONFLICT (org_id, month) DO NOTHING",
+                [org_id, month],
+            )
+            row = con.execute(
+                "UPDATE usage SET used = used + %s WHERE org_id = %s AND month = %s"
+                " AND (%s::BIGINT IS NULL OR used + %s <= %s) RETURNING used",
+                [points, org_id, month, limit, points, limit],
+            ).fetchone()
+        return row is not None
+
+    # ---- the unit ----
+
+    def begin(self) -> _Staged:
+        return _Staged()
+
+    def flush(self, staged: _Staged) -> None:
+        if not staged.answers:
+            return
+        with (
+            self._engine.connection() as con,
+            con.cursor() as cur,
+            cur.copy(
+                "COPY answers (org_id, key_hi, key_lo, fingerprint, status, body, created_at)"
+                " FROM STDIN"
+            ) as copy,
+        ):
+            for row in staged.answers:
+                copy.write_row(row)
+
+    def committed(self, staged: _Staged) -> None:
+        pass
