@@ -51,10 +51,16 @@ def _stop_postgres() -> Iterator[None]:
         cluster.stop()
 
 
+def _postgres_chdb(root: Path) -> tuple[str, str]:
+    # The scale-out pair: metadata on PostgreSQL, points in ClickHouse's engine (chdb).
+    return _postgres().new_database(), f"chdb://{root / 'points-ch'}"
+
+
 BACKENDS: dict[str, Callable[[Path], tuple[str, str]]] = {
     "duckdb": _duckdb,
     "duckdb-split": _duckdb_split,
     "postgres+duckdb": _postgres_duckdb,
+    "postgres+chdb": _postgres_chdb,
 }
 
 OpenStores = Callable[[], Stores]

@@ -80,7 +80,25 @@ METADATA_BACKENDS: dict[str, Callable[[str, _Engines], Metadata]] = {
     "postgresql": _postgres_metadata,
     "postgres": _postgres_metadata,
 }
-POINT_BACKENDS: dict[str, Callable[[str, _Engines], Points]] = {"duckdb": _duckdb_points}
+
+
+def _clickhouse_points(url: str, engines: _Engines) -> Points:
+    try:
+        from .clickhouse import ChEngine, ChPoints
+    except ImportError as exc:
+        raise ImportError(
+            f"{url.split('://')[0]}:// needs the clickhouse extra ({exc.name} is missing):"
+            " pip install 'instantml[clickhouse]'"
+        ) from None
+    engine = ChEngine(url)
+    return Points(ChPoints(engine), engine.unit, engine.close)
+
+
+POINT_BACKENDS: dict[str, Callable[[str, _Engines], Points]] = {
+    "duckdb": _duckdb_points,
+    "clickhouse": _clickhouse_points,  # a ClickHouse server, over its HTTP interface
+    "chdb": _clickhouse_points,  # the same engine in this process (one process only)
+}
 
 
 def _factory(registry: dict[str, Callable[[str, _Engines], Any]], url: str, what: str) -> Any:

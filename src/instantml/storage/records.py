@@ -118,6 +118,23 @@ RANK_COLUMNS: dict[str, Any] = {
 }
 
 
+def latest_points(chunks: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Staged points as one frame, keeping only the latest write (highest ``seq``) of each
+    (step, rank): one INSERT may not carry a point twice."""
+    frame = chunks[0] if len(chunks) == 1 else {
+        name: np.concatenate([c[name] for c in chunks]) for name in chunks[0]
+    }  # fmt: skip
+    step, rank = frame["step"], frame["rank"]
+    order = np.lexsort((frame["seq"], rank, step))
+    s_step, s_rank = step[order], rank[order]
+    last = np.ones(len(order), dtype=bool)
+    last[:-1] = (s_step[1:] != s_step[:-1]) | (s_rank[1:] != s_rank[:-1])
+    if last.all():
+        return frame
+    keep = np.sort(order[last])
+    return {name: column[keep] for name, column in frame.items()}
+
+
 @dataclass(slots=True)
 class ScalarPoint:
     series_id: int

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ...summary.step_stats import step_stats
-from ..records import ScalarPoint, SummaryRows
+from ..records import ScalarPoint, SummaryRows, latest_points
 from . import aggregates, summary
 from .engine import Engine
 
@@ -219,7 +219,7 @@ class DuckDBPoints:
         stats: list[dict[str, np.ndarray]] = []
         rewrites: list[tuple[int, int, int]] = []
         for sid, chunks in staged.rank.items():
-            points = aggregates.latest(chunks)
+            points = latest_points(chunks)
             frames.append(self._stage(sid, points, stats, rewrites, staged))
         if rewrites:
             self._delete(rewrites)

@@ -1,0 +1,178 @@
+"""A ClickHouse database for the point store: the client, the tables, units of work.
+
+``clickhouse://[user:pass@]host:port/db`` talks to a ClickHouse server over its HTTP
+interface; ``chdb://DIR`` runs the same engine in this process (one process only: tests,
+development). Both through clickhouse-connect's client API.
+
+Every table is insert-only (no mutation on the write path): a rewrite or a replay is a
+newer version of a row (``ReplacingMergeTree(version)``), read with ``FINAL``. With a
+cluster name (``INSTANTML_CLICKHOUSE_CLUSTER``) the tables are Replicated on each shard and
+reached through a Distributed table, created ``ON CLUSTER``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from ..records import StorageError
+
+# name -> (columns, ORDER BY)
+TABLES: dict[str, tuple[str, str]] = {
+    "rank_points": (
+        "series_id UInt64, step Int64, rank Int16, world_size Int16, local_rank Int16,"
+        " value Float64, weight Float64, ts Float64, version UInt64",
+        "series_id, step, rank",
+    ),
+    "scores": (
+        "series_id UInt64, step Int64, rank Int16, delta Float64, z Float64,"
+        " robust_z Float64, version UInt64",
+        "series_id, step, rank",
+    ),
+    "scalar_points": (
+        "series_id UInt64, step Int64, value Float64, ts Float64, preview UInt8, version UInt64",
+        "series_id, step",
+    ),
+    "step_stats": (
+        "series_id UInt64, step Int64, n UInt32, expected UInt32, mean Float64,"
+        " weighted_mean Float64, min Float64, max Float64, std Float64, p05 Float64,"
+        " p50 Float64, p95 Float64, mad Float64, mean_ad Float64, nonfinite UInt32,"
+        " version UInt64",
+        "series_id, step",
+    ),
+    # A step's aggregates are behind its points while its newest mark says stale = 1.
+    "stale_steps": ("series_id UInt64, step Int64, stale UInt8, version UInt64", "series_id, step"),
+}
+
+
+def ddl(database: str, cluster: str | None = None) -> list[str]:
+    """The statements that create the point store's tables (idempotent)."""
+    if cluster is None:
+        return [f"CREATE DATABASE IF NOT EXISTS {database}"] + [
+            f"CREATE TABLE IF NOT EXISTS {database}.{name} ({columns})"
+            f" ENGINE = ReplacingMergeTree(version) ORDER BY ({order})"
+            for name, (columns, order) in TABLES.items()
+        ]
+    on = f" ON CLUSTER {cluster}"
+    statements = [f"CREATE DATABASE IF NOT EXISTS {database}{on}"]
+    for name, (columns, order) in TABLES.items():
+        statements.append(
+            f"CREATE TABLE IF NOT EXISTS {database}.{name}_local{on} ({columns})"
+            " ENGINE = ReplicatedReplacingMergeTree("
+            f"'/clickhouse/tables/{{shard}}/{database}/{name}', '{{replica}}', version)"
+            f" ORDER BY ({order})"
+        )
+        # Sharded by series: a series' rows (and its FINAL merges) stay on one shard.
+        statements.append(
+            f"CREATE TABLE IF NOT EXISTS {database}.{name}{on} AS {database}.{name}_local"
+            f" ENGINE = Distributed({cluster}, {database}, {name}_local, series_id)"
+        )
+    return statements
+
+
+class ChEngine:
+    def __init__(self, url: str) -> None:
+        import clickhouse_connect
+
+        parts = urlsplit(url)
+        self.url = url
+        self._lock: threading.Lock | None = None
+        try:
+            if parts.scheme == "chdb":
+                path = url.split("://", 1)[1]
+                self.database = "instantml"
+                self.client: Any = clickhouse_connect.get_client(interface="chdb", path=path)
+                self._lock = threading.Lock()  # one embedded engine: one query at a time
+            else:
+                self.database = parts.path.strip("/") or "instantml"
+                self.client = clickhouse_connect.get_client(
+                    host=parts.hostname or "127.0.0.1",
+                    port=parts.port or 8123,
+                    username=unquote(parts.username or "default"),
+                    password=unquote(parts.password or ""),
+                    connect_timeout=10,
+                    send_receive_timeout=300,
+                )
+            for statement in ddl(self.database, os.environ.get("INSTANTML_CLICKHOUSE_CLUSTER")):
+                self.client.command(statement)
+        except Exception as exc:
+            raise StorageError(f"cannot use ClickHouse at {_safe(url)}: {exc}") from None
+        self._local = threading.local()
+        self._participants: list[Any] = []
+        self._last_version = 0
+        self._version_lock = threading.Lock()
+
+    def table(self, name: str) -> str:
+        return f"{self.database}.{name}"
+
+    def version(self) -> int:
+        """A version for rows written now: the clock in ns, strictly increasing here."""
+        with self._version_lock:
+            self._last_version = max(self._last_version + 1, time.time_ns())
+            return self._last_version
+
+    @contextmanager
+    def guarded(self) -> Iterator[Any]:
+        if self._lock is None:
+            yield self.client
+        else:
+            with self._lock:
+                yield self.client
+
+    def query_np(self, sql: str, parameters: dict[str, Any] | None = None) -> Any:
+        with self.guarded() as client:
+            return client.query_np(sql, parameters=parameters or {})
+
+    def rows(self, sql: str, parameters: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
+        with self.guarded() as client:
+            return list(client.query(sql, parameters=parameters or {}).result_rows)
+
+    def insert(self, table: str, columns: dict[str, Any]) -> None:
+        with self.guarded() as client:
+            client.insert(
+                self.table(table), list(columns.values()), column_names=list(columns),
+                column_oriented=True,
+            )  # fmt: skip
+
+    def join(self, participant: Any) -> None:
+        self._participants.append(participant)
+
+    @contextmanager
+    def unit(self) -> Iterator[None]:
+        """Stage this thread's writes; insert them when the block ends without error.
+        (ClickHouse has no transaction over them: every write is idempotent by data, a
+        newer version of the same rows, so a unit cut short is completed by its retry.)"""
+        if getattr(self._local, "staged", None) is not None:
+            yield
+            return
+        staged = self._local.staged = {id(p): p.begin() for p in self._participants}
+        try:
+            yield
+            for participant in self._participants:
+                participant.flush(staged[id(participant)])
+        finally:
+            self._local.staged = None
+        for participant in self._participants:
+            participant.committed(staged[id(participant)])
+
+    def staged(self, participant: Any) -> Any:
+        staged = getattr(self._local, "staged", None)
+        return participant.begin() if staged is None else staged[id(participant)]
+
+    def close(self) -> None:
+        try:
+            self.client.close()
+        except Exception:  # closing is best effort
+            pass
+
+
+def _safe(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password:
+        return url.replace(f":{parts.password}@", ":***@")
+    return url

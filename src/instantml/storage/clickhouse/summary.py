@@ -1,0 +1,140 @@
+"""The rows a Distributed summary is assembled from, read from ClickHouse (``FINAL``: the
+newest version of each row). Scores of non-finite points are NaN: kept out of every mean
+and never an outlier (a comparison with NaN is false)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ...summary import bucket_size
+from ...summary.params import ROBUST_Z_THRESHOLD
+from ..records import SummaryRows
+from .engine import ChEngine
+
+if TYPE_CHECKING:
+    from ...summary import SummaryParams
+
+_STEP_COLUMNS = ("step", "n", "expected", "mean", "weighted_mean", "min", "max", "std", "p05",
+                 "p50", "p95", "nonfinite")  # fmt: skip
+_INTS = {"step": np.int64, "n": np.int64, "expected": np.int64, "nonfinite": np.int64}
+
+
+def _columns(
+    engine: ChEngine, sql: str, params: dict[str, Any], names: tuple[str, ...]
+) -> dict[str, np.ndarray]:
+    with engine.guarded() as client:
+        result = client.query(sql, parameters=params).result_columns
+    if not result:
+        result = [[] for _ in names]
+    return {
+        name: np.asarray(column, dtype=_INTS.get(name, np.float64))
+        for name, column in zip(names, result, strict=True)
+    }
+
+
+def _none(value: Any) -> Any:
+    return None if isinstance(value, float) and value != value else value
+
+
+def rows(engine: ChEngine, series_id: int, params: SummaryParams) -> SummaryRows:
+    lo = params.step_min if params.step_min is not None else 0
+    hi = params.step_max if params.step_max is not None else 2**63 - 1
+    where = {"sid": series_id, "lo": lo, "hi": hi}
+    points, scores, stats_table = (engine.table(t) for t in ("rank_points", "scores", "step_stats"))
+    in_range = "series_id = {sid:UInt64} AND step BETWEEN {lo:Int64} AND {hi:Int64}"
+    (world_size,) = engine.rows(
+        f"SELECT max(expected) FROM {stats_table} FINAL WHERE series_id = {{sid:UInt64}}",
+        {"sid": series_id},
+    )[0]
+    stats = _columns(
+        engine,
+        f"SELECT {', '.join(_STEP_COLUMNS)} FROM {stats_table} FINAL WHERE {in_range}"
+        " ORDER BY step",
+        where,
+        _STEP_COLUMNS,
+    )
+    found = SummaryRows(int(world_size or 0), stats)
+    steps = stats["step"]
+    if len(steps) == 0:
+        return found
+    thresholds = {**where, "z": params.z, "rz": ROBUST_Z_THRESHOLD}
+    reports = engine.rows(
+        "SELECT rank, countIf(isFinite(value)), max(step),"
+        " argMaxIf(local_rank, step, local_rank >= 0), countIf(local_rank >= 0),"
+        f" countIf(NOT isFinite(value)) FROM {points} FINAL WHERE {in_range} GROUP BY rank",
+        where,
+    )
+    scored = {
+        int(rank): (delta, abs_z, outliers)
+        for rank, delta, abs_z, outliers in engine.rows(
+            "SELECT rank, avgIf(delta, isFinite(delta)), avgIf(abs(z), isFinite(z)),"
+            " countIf(abs(z) >= {z:Float64} OR abs(robust_z) >= {rz:Float64})"
+            f" FROM {scores} FINAL WHERE {in_range} GROUP BY rank",
+            thresholds,
+        )
+    }
+    found.rollup = []
+    for rank, reported, last, local, has_local, nonfinite in sorted(reports):
+        delta, abs_z, outliers = scored.get(int(rank), (None, None, 0))
+        found.rollup.append(
+            (int(rank), int(reported), int(last), _none(delta), _none(abs_z), int(outliers),
+             int(local) if has_local else None, int(nonfinite))
+        )  # fmt: skip
+    found.outliers = [
+        (int(s), int(r), None if lr < 0 else int(lr), v, mean, d, z, rz)
+        for s, r, lr, v, mean, d, z, rz in engine.rows(
+            "SELECT o.step, o.rank, p.local_rank, p.value, st.mean, o.delta, o.z, o.robust_z"
+            f" FROM (SELECT step, rank, delta, z, robust_z FROM {scores} FINAL WHERE {in_range}"
+            " AND (abs(z) >= {z:Float64} OR abs(robust_z) >= {rz:Float64})"
+            " ORDER BY abs(robust_z) DESC, abs(z) DESC, step, rank LIMIT {limit:UInt32}) AS o"
+            f" INNER JOIN (SELECT step, rank, local_rank, value FROM {points} FINAL"
+            f" WHERE {in_range}) AS p ON o.step = p.step AND o.rank = p.rank"
+            f" INNER JOIN (SELECT step, mean FROM {stats_table} FINAL WHERE {in_range}) AS st"
+            " ON o.step = st.step"
+            " ORDER BY abs(o.robust_z) DESC, abs(o.z) DESC, o.step, o.rank",
+            {**thresholds, "limit": params.outlier_limit},
+        )
+    ]
+    first = int(steps[0])
+    found.heat_size = bucket_size(first, int(steps[-1]), len(steps), params.heatmap_steps)
+    found.cells = _columns(
+        engine,
+        "SELECT rank, intDiv(step - {first:Int64}, {size:Int64}) AS b,"
+        " avgIf(value, isFinite(value)), countIf(NOT isFinite(value))"
+        f" FROM {points} FINAL WHERE {in_range} GROUP BY rank, b",
+        {**where, "first": first, "size": found.heat_size},
+        ("rank", "b", "v", "marks"),
+    )
+    found.cells["rank"] = found.cells["rank"].astype(np.int64)
+    found.cells["b"] = found.cells["b"].astype(np.int64)
+    if stats["nonfinite"].any():
+        step, rank, value = engine.rows(
+            f"SELECT step, rank, value FROM {points} FINAL WHERE {in_range}"
+            " AND NOT isFinite(value) ORDER BY step, rank LIMIT 1",
+            where,
+        )[0]
+        found.first_nonfinite = (int(step), int(rank), float(value))
+    return found
+
+
+def window_medians(
+    engine: ChEngine, series_id: int, window: int
+) -> tuple[tuple[int, int] | None, dict[int, tuple[float, int]]]:
+    """Every step written has a row in stale_steps (stale or not): the window's steps."""
+    count, first, last = engine.rows(
+        "SELECT count(), min(step), max(step) FROM (SELECT step FROM"
+        f" {engine.table('stale_steps')} FINAL WHERE series_id = {{sid:UInt64}}"
+        " ORDER BY step DESC LIMIT {window:UInt32})",
+        {"sid": series_id, "window": window},
+    )[0]
+    if not count:
+        return None, {}
+    medians = engine.rows(
+        "SELECT rank, quantileExactInclusive(0.5)(value), uniqExact(step) FROM"
+        f" {engine.table('rank_points')} FINAL WHERE series_id = {{sid:UInt64}}"
+        " AND step BETWEEN {first:Int64} AND {last:Int64} AND isFinite(value) GROUP BY rank",
+        {"sid": series_id, "first": first, "last": last},
+    )
+    return (int(first), int(last)), {int(r): (float(m), int(n)) for r, m, n in medians}
