@@ -32,4 +32,15 @@ export INSTANTML_PUBLIC_SDK_PYTHON="$PWD/.venv-public/bin/python"
 .venv/bin/ruff check src tests bench
 .venv/bin/ruff format --check src tests bench
 .venv/bin/mypy
-exec .venv/bin/python -m pytest "$@"
+status=0
+.venv/bin/python -m pytest "$@" || status=$?
+# The suites that touch storage again, on the scale-out stores: PostgreSQL (a throwaway
+# cluster) for metadata and ClickHouse's engine (chdb) for points. Skipped when PostgreSQL
+# is not installed, or when the arguments name tests of their own.
+paths=0
+for arg in "$@"; do case "$arg" in -*) ;; *) paths=1 ;; esac; done
+if [ "$status" = 0 ] && [ "$paths" = 0 ] && { command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; }; then
+  echo "== again on PostgreSQL + ClickHouse (chdb): tests/server tests/summary tests/spool"
+  INSTANTML_TEST_STORES=postgres+chdb .venv/bin/python -m pytest "$@" tests/server tests/summary tests/spool || status=$?
+fi
+exit "$status"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -35,25 +36,65 @@ def _isolated_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
+# The stores the servers of this session run on: the embedded default, or, with
+# INSTANTML_TEST_STORES=postgres+chdb (CI runs the HTTP suites that way too), PostgreSQL
+# for metadata (a throwaway cluster, a fresh database per server) and ClickHouse's engine
+# for points (chdb, a directory per server).
+STORES = os.environ.get("INSTANTML_TEST_STORES", "duckdb")
+
+
 @pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory, server_home: Path) -> Iterator[ServerProcess]:
+def stores_env() -> Iterator[Callable[[Path], dict[str, str]]]:
+    """``stores_env(data_dir)``: the environment a server on that data dir runs with
+    (the same for the same dir, so a restart finds its data)."""
+    if STORES == "duckdb":
+        yield lambda data: {}
+        return
+    if STORES != "postgres+chdb":
+        raise ValueError(f"INSTANTML_TEST_STORES: unknown {STORES!r} (duckdb, postgres+chdb)")
+    from tests.postgres import Cluster
+
+    cluster = Cluster()
+    known: dict[Path, dict[str, str]] = {}
+
+    def env(data: Path) -> dict[str, str]:
+        if data not in known:
+            known[data] = {
+                "INSTANTML_METADATA_URL": cluster.new_database(),
+                "INSTANTML_POINTS_URL": f"chdb://{data.parent / (data.name + '-points')}",
+            }
+        return known[data]
+
+    yield env
+    cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def server(
+    tmp_path_factory: pytest.TempPathFactory,
+    server_home: Path,
+    stores_env: Callable[[Path], dict[str, str]],
+) -> Iterator[ServerProcess]:
     """One server for the session; tests keep apart by using fresh run ids."""
     data = tmp_path_factory.mktemp("server") / "data"
-    with ServerProcess(data, env={"HOME": str(server_home)}) as proc:
+    with ServerProcess(data, env={"HOME": str(server_home), **stores_env(data)}) as proc:
         yield proc
 
 
 @pytest.fixture
-def start_server(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
+def start_server(
+    tmp_path: Path, stores_env: Callable[[Path], dict[str, str]]
+) -> Iterator[Callable[..., ServerProcess]]:
     """A factory for servers of a test's own (to stop, restart or configure)."""
     started: list[ServerProcess] = []
 
     def start(
         data_dir: Path | None = None, env: dict[str, str] | None = None, **kw: object
     ) -> ServerProcess:
+        data = data_dir or tmp_path / f"data{len(started)}"
         proc = ServerProcess(
-            data_dir or tmp_path / f"data{len(started)}",
-            env={"HOME": str(tmp_path / "server-home"), **(env or {})},
+            data,
+            env={"HOME": str(tmp_path / "server-home"), **stores_env(data), **(env or {})},
             **kw,  # type: ignore[arg-type]
         )
         started.append(proc)

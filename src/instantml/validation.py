@@ -52,7 +52,17 @@ def _metric_name(key: Any, field: str) -> str:
         if not key:
             raise ValueError(f"{field}: metric names must not be empty")
         raise ValueError(f"{field}: metric name longer than {MAX_KEY_BYTES} UTF-8 bytes")
+    if "\x00" in key:
+        raise ValueError(f"{field}: metric names must not contain NUL characters")
     return key
+
+
+def text(value: str, field: str) -> str:
+    """A name to store (project, run name, tag, org): no NUL characters (no database that
+    keeps text takes them, and no name needs one)."""
+    if "\x00" in value:
+        raise ValueError(f"{field} must not contain NUL characters")
+    return value
 
 
 def metric_values(
@@ -70,7 +80,7 @@ def metric_values(
     marks: dict[str, str] | None = None  # allocated only for a non-finite value: rare
     for key, value in data.items():
         # The name checks of _metric_name, inline: this loop runs on every log_* call.
-        if type(key) is not str or not key or len(key) > MAX_KEY_BYTES // 4:
+        if type(key) is not str or not key or len(key) > MAX_KEY_BYTES // 4 or "\x00" in key:
             _metric_name(key, field)
         if type(value) is float:
             number = value

@@ -33,6 +33,7 @@ RANK_CASES: list[tuple[str, dict[str, Any], str]] = [
     ("empty key", rank_body(metrics={"": 1.0}), "metrics"),
     ("513-byte key", rank_body(metrics={"k" * 513: 1.0}), "metrics"),
     ("513-byte multibyte key", rank_body(metrics={"é" * 256 + "k": 1.0}), "metrics"),
+    ("NUL in a key", rank_body(metrics={"train\x00loss": 1.0}), "metrics"),
     ("world_size 0", rank_body(world_size=0, rank=0, local_rank=None), "world_size"),
     ("world_size 513", rank_body(world_size=513), "world_size"),
     ("rank = world_size", rank_body(rank=8), "rank"),
@@ -207,3 +208,18 @@ def test_oversized_body_is_413_and_stores_nothing(start_server: Any, tmp_path: P
         ]
         assert api.post("/api/ingest", json={"events": events}).status_code == 413
         assert stored_keys(api, "big") == []
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"project": "p\x00q"}, "project"),
+        ({"project": "p", "name": "n\x00"}, "name"),
+        ({"project": "p", "tags": ["ok", "t\x00"]}, "tags"),
+    ],
+)
+def test_names_with_nul_are_refused(api: httpx.Client, body: dict[str, Any], field: str) -> None:
+    # No database that keeps text takes a NUL character, and no name needs one.
+    response = api.post("/runs", json=body)
+    assert response.status_code == 422 and field in response.json()["error"], response.text
+    assert api.get("/runs/a%00b").status_code == 404

@@ -20,7 +20,7 @@ from ..validation import MAX_STEP, MAX_WORLD_SIZE
 
 # 128 code points are at most 512 UTF-8 bytes, the contract's limit; a longer name is
 # checked (in bytes) by the general path.
-MetricName = Annotated[str, Meta(min_length=1, max_length=128)]
+MetricName = Annotated[str, Meta(min_length=1, max_length=128, pattern="^[^\x00]+$")]
 
 
 class RankBody(msgspec.Struct, gc=False):

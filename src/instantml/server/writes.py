@@ -35,7 +35,14 @@ def _text(body: dict[str, Any], field: str, default: str | None = None) -> str |
         raise ApiError(422, f"{field} must be a string")
     if len(value) > _MAX_TEXT:
         raise ApiError(422, f"{field} must be at most {_MAX_TEXT} characters")
-    return value
+    return _plain(value, field)
+
+
+def _plain(value: str, field: str) -> str:
+    try:
+        return validation.text(value, field)
+    except ValueError as exc:
+        raise bad_input(exc) from None
 
 
 def storable(value: Any, field: str) -> Any:
@@ -91,6 +98,8 @@ def create_run(org_id: int, body: dict[str, Any]) -> CreateRun:
         tags = []
     if not isinstance(tags, list) or not all(type(t) is str for t in tags):
         raise ApiError(422, "tags must be a list of strings")
+    for tag in tags:
+        _plain(tag, "tags")
     return CreateRun(
         org_id=org_id,
         run_id=run_id,
@@ -171,6 +180,10 @@ def attributes(org_id: int, run_id: str, body: dict[str, Any]) -> WriteAttribute
     items = body.get("attributes", [body] if "path" in body else None)
     if not isinstance(items, list) or not items or not all(isinstance(a, dict) for a in items):
         raise ApiError(422, "attributes must be a non-empty list of objects")
+    for item in items:
+        for name in ("path", "type"):
+            if isinstance(item.get(name), str):
+                _plain(item[name], f"attributes[].{name}")
     storable(items, "attributes")
     return WriteAttributes(org_id=org_id, run_id=run_id, attributes=items, timestamp=time.time())
 

@@ -21,7 +21,7 @@ from ..services import require, services
 router = APIRouter()
 Admin = Annotated[ApiKeyRecord, Depends(require("admin"))]
 Read = Annotated[ApiKeyRecord, Depends(require("read"))]
-OrgName = Annotated[str | None, Query(min_length=1, max_length=256)]
+OrgName = Annotated[str | None, Query(min_length=1, max_length=256, pattern="^[^\x00]+$")]
 
 
 async def _is_server_admin(request: Request, key: ApiKeyRecord) -> bool:
@@ -57,8 +57,8 @@ async def create_key(request: Request, key: Admin) -> JSONResponse:
     """Mint an API key for an org (created if new; server admin only for another org)."""
     body = await read_json_object(request)
     org = body.get("org")
-    if org is not None and (type(org) is not str or not 1 <= len(org) <= 256):
-        raise ApiError(422, "org must be a name of 1-256 characters")
+    if org is not None and (type(org) is not str or not 1 <= len(org) <= 256 or "\x00" in org):
+        raise ApiError(422, "org must be a name of 1-256 characters, without NUL")
     scopes = body.get("scopes", ["ingest", "read"])
     if (
         not isinstance(scopes, list)
@@ -128,8 +128,8 @@ async def set_limit(request: Request, key: Admin) -> JSONResponse:
     if limit is not None and (type(limit) is not int or limit < 0):
         raise ApiError(422, "limit must be an integer >= 0, or null")
     org = body.get("org")
-    if org is not None and type(org) is not str:
-        raise ApiError(422, "org must be a string")
+    if org is not None and (type(org) is not str or "\x00" in org):
+        raise ApiError(422, "org must be a string without NUL characters")
     org_id, _ = await _target_org(request, key, org)
     tenancy = services(request).stores.tenancy
     await run_in_threadpool(tenancy.set_monthly_limit, org_id, limit)

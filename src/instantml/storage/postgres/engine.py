@@ -140,3 +140,9 @@ def _safe(url: str) -> str:
         user = credentials.split(":", 1)[0]
         return f"{scheme}://{user}:***@{host}"
     return url
+
+
+def storable(*names: str | None) -> bool:
+    """Whether PostgreSQL can hold these names (its text has no NUL character): a lookup
+    by a name that cannot be stored finds nothing, without asking."""
+    return not any(name is not None and "\x00" in name for name in names)

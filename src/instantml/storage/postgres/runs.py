@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from ..records import RunConflict, RunRecord, RunRef, RunSpec
-from .engine import PgEngine
+from .engine import PgEngine, storable
 
 _COLUMNS = (
     "org_id, run_id, project, name, status, config, tags, metadata, created_at, updated_at,"
@@ -58,6 +58,8 @@ class PgRuns:
     # ---- reads ----
 
     def get_run(self, org_id: int, run_id: str) -> RunRecord | None:
+        if not storable(run_id):
+            return None
         with self._engine.connection() as con:
             row = con.execute(
                 f"SELECT {_COLUMNS} FROM runs WHERE org_id = %s AND run_id = %s", [org_id, run_id]
@@ -75,6 +77,8 @@ class PgRuns:
         return record
 
     def list_runs(self, org_id: int, project: str | None, limit: int) -> list[RunRecord]:
+        if not storable(project):
+            return []
         with self._engine.connection() as con:
             rows = con.execute(
                 f"SELECT {_COLUMNS} FROM runs WHERE org_id = %s"
@@ -85,6 +89,8 @@ class PgRuns:
         return [_record(row) for row in rows]
 
     def series(self, org_id: int, run_id: str) -> list[tuple[int, int, str]] | None:
+        if not storable(run_id):
+            return None
         with self._engine.connection() as con:
             run = con.execute(
                 "SELECT run_seq FROM runs WHERE org_id = %s AND run_id = %s", [org_id, run_id]
@@ -98,7 +104,7 @@ class PgRuns:
         return [(int(sid), int(kind), key) for sid, kind, key in rows]
 
     def series_id(self, org_id: int, run_id: str, kind: int, key: str) -> int | None:
-        ref = self._ref(org_id, run_id)
+        ref = self._ref(org_id, run_id) if storable(key) else None
         if ref is None:
             return None
         sid = self._series.get((ref.seq, kind, key))
@@ -114,6 +120,8 @@ class PgRuns:
         return sid
 
     def _ref(self, org_id: int, run_id: str) -> RunRef | None:
+        if not storable(run_id):
+            return None
         ref = self._runs.get((org_id, run_id))
         if ref is None:
             with self._engine.connection() as con:

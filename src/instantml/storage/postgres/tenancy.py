@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 from ..records import ApiKeyRecord
-from .engine import PgEngine
+from .engine import PgEngine, storable
 
 _LIMIT_TTL = 5.0  # seconds another process's limit change may take to be seen here
 _FIRST_KEY_LOCK = 0x1A57A7F  # pg_advisory_xact_lock key: one bootstrap at a time
@@ -31,6 +31,8 @@ class PgTenancy:
             return int(found[0]), False
 
     def org_id(self, name: str) -> int | None:
+        if not storable(name):
+            return None
         with self._engine.connection() as con:
             row = con.execute("SELECT org_id FROM orgs WHERE name = %s", [name]).fetchone()
         return None if row is None else int(row[0])
@@ -61,6 +63,8 @@ class PgTenancy:
             return True
 
     def find_api_key(self, key_id: str) -> ApiKeyRecord | None:
+        if not storable(key_id):
+            return None
         with self._engine.connection() as con:
             row = con.execute(
                 "SELECT key_id, org_id, scopes, key_hash, revoked_at IS NOT NULL FROM api_keys"
@@ -97,6 +101,8 @@ class PgTenancy:
         ]
 
     def revoke_api_key(self, key_id: str, org_id: int | None) -> bool:
+        if not storable(key_id):
+            return False
         with self._engine.connection() as con:
             row = con.execute(
                 "UPDATE api_keys SET revoked_at = %s WHERE key_id = %s AND revoked_at IS NULL"
