@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from instantml.server.process import ServerProcess
+from tests.engines import Engines
 
 
 @pytest.fixture(scope="session")
@@ -36,6 +37,14 @@ def _isolated_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
+@pytest.fixture(scope="session")
+def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
+    """PostgreSQL and ClickHouse for the session, started when a test first asks."""
+    started = Engines(tmp_path_factory.mktemp("engines"))
+    yield started
+    started.stop()
+
+
 # The stores the servers of this session run on: the embedded default, or, with
 # INSTANTML_TEST_STORES=postgres+chdb (CI runs the HTTP suites that way too), PostgreSQL
 # for metadata (a throwaway cluster, a fresh database per server) and ClickHouse's engine
@@ -44,29 +53,24 @@ STORES = os.environ.get("INSTANTML_TEST_STORES", "duckdb")
 
 
 @pytest.fixture(scope="session")
-def stores_env() -> Iterator[Callable[[Path], dict[str, str]]]:
+def stores_env(engines: Engines) -> Callable[[Path], dict[str, str]]:
     """``stores_env(data_dir)``: the environment a server on that data dir runs with
     (the same for the same dir, so a restart finds its data)."""
     if STORES == "duckdb":
-        yield lambda data: {}
-        return
+        return lambda data: {}
     if STORES != "postgres+chdb":
         raise ValueError(f"INSTANTML_TEST_STORES: unknown {STORES!r} (duckdb, postgres+chdb)")
-    from tests.postgres import Cluster
-
-    cluster = Cluster()
     known: dict[Path, dict[str, str]] = {}
 
     def env(data: Path) -> dict[str, str]:
         if data not in known:
             known[data] = {
-                "INSTANTML_METADATA_URL": cluster.new_database(),
+                "INSTANTML_METADATA_URL": engines.postgres().new_database(),
                 "INSTANTML_POINTS_URL": f"chdb://{data.parent / (data.name + '-points')}",
             }
         return known[data]
 
-    yield env
-    cluster.stop()
+    return env
 
 
 @pytest.fixture(scope="session")

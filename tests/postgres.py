@@ -14,6 +14,8 @@ from pathlib import Path
 
 from instantml.server.process import free_port
 
+PASSWORD = "instantml-test"
+
 
 def _bin(name: str) -> str | None:
     found = shutil.which(name)
@@ -35,9 +37,14 @@ class Cluster:
         self._as = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
         if self._as:
             shutil.chown(self.root, "postgres")
+        # Password authentication, as a real deployment has (a wrong password is tested).
+        password_file = self.root / "password"
+        password_file.write_text(PASSWORD + "\n")
+        if self._as:
+            shutil.chown(password_file, "postgres")
         subprocess.run(
-            [*self._as, initdb, "-D", str(self.data), "-A", "trust", "-U", "postgres",
-             "--no-sync"],
+            [*self._as, initdb, "-D", str(self.data), "-A", "scram-sha-256", "-U", "postgres",
+             f"--pwfile={password_file}", "--no-sync"],
             check=True, capture_output=True,
         )  # fmt: skip
         options = (
@@ -50,8 +57,8 @@ class Cluster:
             check=True, capture_output=True,
         )  # fmt: skip
 
-    def url(self, database: str = "postgres") -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+    def url(self, database: str = "postgres", password: str = PASSWORD) -> str:
+        return f"postgresql://postgres:{password}@127.0.0.1:{self.port}/{database}"
 
     def new_database(self) -> str:
         """A fresh, empty database: its URL."""

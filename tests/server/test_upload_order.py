@@ -8,6 +8,7 @@ import asyncio
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,6 +17,7 @@ import pytest
 from instantml.protocol import UPLOAD_ORDER_HEADER
 from instantml.server import upload_order
 from instantml.server.errors import ApiError
+from instantml.storage import open_stores
 
 
 def _events(run_id: str, steps: range, prefix: str) -> list[dict[str, Any]]:
@@ -91,18 +93,31 @@ def test_a_bad_header_is_refused_naming_it(api: httpx.Client, run_id: str, value
     assert UPLOAD_ORDER_HEADER in response.json()["error"]
 
 
-def test_a_predecessor_that_never_comes_times_out(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_predecessor_that_never_comes_times_out(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setattr(upload_order, "WAIT_SECONDS", 0.2)
+    url = f"duckdb://{tmp_path / 'stores.duckdb'}"
+    stores = open_stores(url, url)
 
     async def scenario() -> None:
-        order = upload_order.UploadOrder()
-        await order.turn("s", 0)
-        await order.done("s", 0, True)
-        await order.turn("s", 1)  # 0 completed cleanly: no wait
+        order = upload_order.UploadOrder(stores.ledger)
+        await order.turn(1, "s", 0)
+        await order.done(1, "s", 0, True)
+        await order.turn(1, "s", 1)  # 0 completed cleanly: no wait
         with pytest.raises(ApiError) as refused:
-            await order.turn("s", 3)  # 2 was never sent (or was lost on the way)
+            await order.turn(1, "s", 3)  # 2 was never sent (or was lost on the way)
         assert refused.value.status == 409
         with pytest.raises(ApiError):
-            await order.turn("s", 0)  # already sent
+            await order.turn(1, "s", 0)  # already sent
+        waiting = asyncio.create_task(order.turn(1, "s", 2))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()  # 1 has not completed
+        await order.done(1, "s", 1, False)
+        with pytest.raises(ApiError, match="did not complete"):
+            await waiting  # woken by 1's completion, which was not clean
 
-    asyncio.run(scenario())
+    try:
+        asyncio.run(scenario())
+    finally:
+        stores.close()

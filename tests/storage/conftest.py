@@ -1,69 +1,70 @@
 """The storage conformance suite's fixtures: every test here runs against every backend.
 
 A backend is a pair of store URLs; ``open_stores`` builds a (reopenable) set of stores for
-a test. Only the embedded DuckDB backend exists today; a scale-out backend joins by adding
-its URLs to BACKENDS (behind a marker when it needs services CI starts)."""
+a test: the embedded DuckDB (one file, or two), and PostgreSQL for metadata (a throwaway
+cluster, skipped where PostgreSQL is not installed) with DuckDB or ClickHouse for points:
+its engine in process (chdb) or over its HTTP interface (tests/clickhouse_http.py)."""
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from instantml.storage import open_stores as _open
 from instantml.storage.protocols import Stores
-from tests.postgres import Cluster
+from tests.engines import Engines
 
 
-def _duckdb(root: Path) -> tuple[str, str]:
+def _duckdb(engines: Engines, root: Path) -> tuple[str, str]:
     url = f"duckdb://{root / 'stores.duckdb'}"
     return url, url
 
 
-def _duckdb_split(root: Path) -> tuple[str, str]:
+def _duckdb_split(engines: Engines, root: Path) -> tuple[str, str]:
     # Metadata and points in two files: two engines, a unit over both (points commit first).
     return f"duckdb://{root / 'meta.duckdb'}", f"duckdb://{root / 'points.duckdb'}"
 
 
-def _postgres_duckdb(root: Path) -> tuple[str, str]:
+def _postgres_duckdb(engines: Engines, root: Path) -> tuple[str, str]:
     # Metadata on PostgreSQL (one fresh database per call), points in DuckDB.
-    return _postgres().new_database(), f"duckdb://{root / 'points.duckdb'}"
+    return engines.postgres().new_database(), f"duckdb://{root / 'points.duckdb'}"
 
 
-_cluster: list[Cluster] = []
-
-
-def _postgres() -> Cluster:
-    if not _cluster:
-        try:
-            _cluster.append(Cluster())
-        except (FileNotFoundError, subprocess.CalledProcessError) as exc:
-            pytest.skip(f"no PostgreSQL here ({exc}); scripts/test.sh installs it")
-    return _cluster[0]
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _stop_postgres() -> Iterator[None]:
-    yield
-    for cluster in _cluster:
-        cluster.stop()
-
-
-def _postgres_chdb(root: Path) -> tuple[str, str]:
+def _postgres_chdb(engines: Engines, root: Path) -> tuple[str, str]:
     # The scale-out pair: metadata on PostgreSQL, points in ClickHouse's engine (chdb).
-    return _postgres().new_database(), f"chdb://{root / 'points-ch'}"
+    return engines.postgres().new_database(), f"chdb://{root / 'points-ch'}"
 
 
-BACKENDS: dict[str, Callable[[Path], tuple[str, str]]] = {
+def _postgres_clickhouse(engines: Engines, root: Path) -> tuple[str, str]:
+    # The same, with points reached over ClickHouse's HTTP interface (clickhouse://).
+    return engines.postgres().new_database(), engines.clickhouse().url()
+
+
+BACKENDS: dict[str, Callable[[Engines, Path], tuple[str, str]]] = {
     "duckdb": _duckdb,
     "duckdb-split": _duckdb_split,
     "postgres+duckdb": _postgres_duckdb,
     "postgres+chdb": _postgres_chdb,
+    "postgres+clickhouse": _postgres_clickhouse,
 }
 
 OpenStores = Callable[[], Stores]
+
+# Runs the same SQL as postgres+chdb: over HTTP only the transport is new, so the
+# property-based tests draw fewer examples there (each statement is a round trip).
+TRANSPORT_ONLY = {"postgres+clickhouse"}
+
+
+def examples(backend: str, n: int) -> settings:
+    """Hypothesis settings for a property-based test of ``n`` examples on ``backend``."""
+    return settings(
+        max_examples=min(n, 6) if backend in TRANSPORT_ONLY else n,
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture],
+    )
 
 
 @pytest.fixture(params=sorted(BACKENDS))
@@ -72,10 +73,10 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def open_stores(backend: str, tmp_path: Path) -> Iterator[OpenStores]:
+def open_stores(backend: str, engines: Engines, tmp_path: Path) -> Iterator[OpenStores]:
     """Open (or reopen: the same files) this test's stores; all closed at the end."""
     opened: list[Stores] = []
-    metadata_url, points_url = BACKENDS[backend](tmp_path)
+    metadata_url, points_url = BACKENDS[backend](engines, tmp_path)
 
     def open_() -> Stores:
         stores = _open(metadata_url, points_url)

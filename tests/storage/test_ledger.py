@@ -112,3 +112,14 @@ def test_other_threads_see_committed_usage_only(stores: Stores) -> None:
     assert stores.ledger.used(3, "2026-11") == 50
     with stores.unit():
         assert not stores.ledger.charge(3, "2026-11", 51, 100)
+
+
+def test_upload_marks_first_one_stands(stores: Stores) -> None:
+    ledger = stores.ledger
+    assert ledger.batch_marks(1, "s", [0, 1]) == {}
+    ledger.mark_batch(1, "s", 0, True)
+    ledger.mark_batch(1, "s", 1, False)
+    ledger.mark_batch(1, "s", 1, True)  # a duplicate's mark: the first stands
+    assert ledger.batch_marks(1, "s", [0, 1, 2]) == {0: True, 1: False}
+    assert ledger.batch_marks(2, "s", [0]) == {}  # another org's session of the same name
+    assert ledger.batch_marks(1, "t", [0]) == {}

@@ -7,14 +7,14 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from instantml.storage.protocols import Stores
 from instantml.storage.records import RANK, RANK_COLUMNS, ScalarPoint
 from instantml.summary import SummaryParams
 from instantml.summary.assemble import assemble
-from tests.storage.conftest import OpenStores
+from tests.storage.conftest import OpenStores, examples
 from tests.summary.compare import assert_matches
 from tests.summary.reference import Point, reference
 
@@ -126,32 +126,31 @@ def batches(draw: st.DrawFn) -> list[list[Point]]:
     return out
 
 
-@settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
-@given(batches=batches(), z=st.sampled_from([3.0, 0.5]))
-def test_aggregates_equal_the_reference(
-    open_stores: OpenStores, batches: list[list[Point]], z: float
-) -> None:
-    # Each example in series of its own run: hypothesis reuses the fixture's stores.
-    stores = open_stores()
-    writer = Writer.__new__(Writer)
-    writer.stores, writer.seq = stores, 0
-    org, _ = stores.tenancy.ensure_org("o")
-    run_id = f"r{np.random.default_rng().integers(1 << 60)}"
-    from instantml.storage.records import RunSpec
+def test_aggregates_equal_the_reference(open_stores: OpenStores, backend: str) -> None:
+    @examples(backend, 40)
+    @given(batches=batches(), z=st.sampled_from([3.0, 0.5]))
+    def check(batches: list[list[Point]], z: float) -> None:
+        # Each example in series of its own run: the stores are shared between examples.
+        stores = open_stores()
+        writer = Writer.__new__(Writer)
+        writer.stores, writer.seq = stores, 0
+        org, _ = stores.tenancy.ensure_org("o")
+        run_id = f"r{np.random.default_rng().integers(1 << 60)}"
+        from instantml.storage.records import RunSpec
 
-    with stores.unit():
-        stores.runs.create(RunSpec(org, run_id, "p", None, {}, [], {}))
-        run = stores.runs.resolve(org, [run_id])[run_id]
-        assert run is not None
-        (writer.sid,) = stores.runs.series_ids(run, RANK, ["loss"])
-    for batch in batches:  # a later batch may rewrite, fill in or precede earlier steps
-        writer.write(batch)
-    writes = [p for batch in batches for p in batch]
-    assert_matches(
-        writer.summary(z=z, outlier_limit=10_000, max_points=4, heatmap_steps=3),
-        reference(writes, z=z, outlier_limit=10_000, max_points=4, heatmap_steps=3),
-        9.0,
-        z,
-    )
+        with stores.unit():
+            stores.runs.create(RunSpec(org, run_id, "p", None, {}, [], {}))
+            run = stores.runs.resolve(org, [run_id])[run_id]
+            assert run is not None
+            (writer.sid,) = stores.runs.series_ids(run, RANK, ["loss"])
+        for batch in batches:  # a later batch may rewrite, fill in or precede earlier steps
+            writer.write(batch)
+        writes = [p for batch in batches for p in batch]
+        assert_matches(
+            writer.summary(z=z, outlier_limit=10_000, max_points=4, heatmap_steps=3),
+            reference(writes, z=z, outlier_limit=10_000, max_points=4, heatmap_steps=3),
+            9.0,
+            z,
+        )
+
+    check()

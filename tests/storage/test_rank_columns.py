@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from instantml.server.answers import Answer
@@ -24,7 +24,8 @@ from instantml.storage import open_stores
 from instantml.storage.protocols import Stores
 from instantml.storage.records import RANK
 from instantml.summary import SummaryParams
-from tests.storage.conftest import BACKENDS
+from tests.engines import Engines
+from tests.storage.conftest import BACKENDS, examples
 
 WORLD = 6
 NOW = 1_800_000_000.0
@@ -123,9 +124,14 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _applied(
-    root: Path, backend: str, groups: list[list[dict[str, Any]]], whole: bool, limit: int | None
+    engines: Engines,
+    root: Path,
+    backend: str,
+    groups: list[list[dict[str, Any]]],
+    whole: bool,
+    limit: int | None,
 ) -> tuple[list[Any], dict[str, Any]]:
-    metadata_url, points_url = BACKENDS[backend](root)
+    metadata_url, points_url = BACKENDS[backend](engines, root)
     answers: list[Any] = []
     policy = UsagePolicy(default_limit=limit, clock=lambda: NOW)
     for group in groups:
@@ -145,17 +151,19 @@ def _applied(
     return answers, contents
 
 
-@settings(
-    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
-@given(groups=groups(), limit=st.sampled_from([None, None, 40]))
 def test_columns_apply_as_their_events_would(
-    tmp_path_factory: Any, backend: str, groups: list[list[dict[str, Any]]], limit: int | None
+    tmp_path_factory: Any, engines: Engines, backend: str
 ) -> None:
-    whole = _applied(Path(tmp_path_factory.mktemp("whole")), backend, groups, True, limit)
-    events = _applied(Path(tmp_path_factory.mktemp("events")), backend, groups, False, limit)
-    assert _same(whole[0], events[0])
-    assert _same(whole[1], events[1])
-    for key in ("a", "b"):
-        points = whole[1].get(key, {}).get("points", [])
-        assert len({(s, r) for s, r, *_ in points}) == len(points)  # one row per point
+    @examples(backend, 30)
+    @given(groups=groups(), limit=st.sampled_from([None, None, 40]))
+    def check(groups: list[list[dict[str, Any]]], limit: int | None) -> None:
+        mktemp = tmp_path_factory.mktemp
+        whole = _applied(engines, Path(mktemp("whole")), backend, groups, True, limit)
+        events = _applied(engines, Path(mktemp("events")), backend, groups, False, limit)
+        assert _same(whole[0], events[0])
+        assert _same(whole[1], events[1])
+        for key in ("a", "b"):
+            points = whole[1].get(key, {}).get("points", [])
+            assert len({(s, r) for s, r, *_ in points}) == len(points)  # one row per point
+
+    check()

@@ -38,7 +38,7 @@ def create_app(settings: ServerSettings, stores: Stores | None = None) -> FastAP
             keys=KeyRing(opened.tenancy),
             service=service,
             writer=writer,
-            upload_order=UploadOrder(),
+            upload_order=UploadOrder(opened.ledger),
         )
         try:
             yield

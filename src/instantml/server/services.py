@@ -26,7 +26,7 @@ class Services:
     keys: KeyRing
     service: WriteService  # the rules of every write
     writer: GroupCommitter  # applies the service's writes in group-commit transactions
-    upload_order: UploadOrder  # ordered pipelining of /api/ingest (process-local)
+    upload_order: UploadOrder  # ordered pipelining of /api/ingest (marks in the ledger)
 
 
 def services(request: Request) -> Services:

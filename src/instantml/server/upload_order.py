@@ -10,22 +10,29 @@ first event that has no final answer. So a segment's events are never applied ou
 order (a run's creation before its points; a later rewrite of a point after the earlier
 one), however requests race on their connections.
 
-A session starts at seq 0. After a server restart, a batch of a session begun before it
-waits for predecessors that never come, and is refused after ``WAIT_SECONDS``; the
-uploader then starts a new session.
+A session starts at seq 0. Which batches of it completed, and cleanly, is kept in the
+ledger (``Ledger.mark_batch``): in PostgreSQL when several server processes share it, so
+an uploader's batches may land on any of them. A batch waiting for its predecessor is
+woken at once when that one completed in the same process, and otherwise finds its mark
+by asking the ledger again, at most ``POLL_SECONDS`` apart. A batch whose predecessor
+never completes (an uploader begun before a server restart on the embedded store, which
+keeps the marks in memory) is refused after ``WAIT_SECONDS``; the uploader then starts a
+new session.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
-import time
+
+from starlette.concurrency import run_in_threadpool
 
 from ..protocol import UPLOAD_ORDER_HEADER
+from ..storage.protocols import Ledger
 from .errors import ApiError
 
 WAIT_SECONDS = 30.0  # for the batch before; then it is taken as lost
-IDLE_SECONDS = 600.0  # a session unused this long is forgotten
+POLL_SECONDS = 0.02  # the longest wait between two looks at the ledger
 _VALUE = re.compile(r"([A-Za-z0-9_-]{1,64})/(\d{1,18})")
 
 
@@ -40,68 +47,54 @@ def parse(value: str) -> tuple[str, int]:
     return match.group(1), int(match.group(2))
 
 
-class _Session:
-    __slots__ = ("changed", "clean", "completed", "finished", "used")
-
-    def __init__(self) -> None:
-        self.completed = -1  # every batch up to this seq has completed
-        self.clean = True  # ... and each gave every event a final answer
-        self.finished: dict[int, bool] = {}  # completed out of order, not yet folded in
-        self.changed = asyncio.Condition()
-        self.used = time.monotonic()
-
-
 class UploadOrder:
-    """The sessions of one server process (its event loop only: no lock needed)."""
+    """Ordered uploads, over the ledger's marks; this process's waiters on its event loop."""
 
-    def __init__(self) -> None:
-        self._sessions: dict[str, _Session] = {}
+    def __init__(self, ledger: Ledger) -> None:
+        self._ledger = ledger
+        # (org, session, seq) -> set when that batch completes in this process
+        self._waiting: dict[tuple[int, str, int], asyncio.Event] = {}
 
-    async def turn(self, session_id: str, seq: int) -> None:
+    async def turn(self, org_id: int, session: str, seq: int) -> None:
         """Wait until batch ``seq`` may be applied; ApiError 409 if it may not."""
-        session = self._session(session_id)
-        async with session.changed:
-            try:
-                await asyncio.wait_for(
-                    session.changed.wait_for(lambda: session.completed >= seq - 1),
-                    WAIT_SECONDS,
-                )
-            except TimeoutError:
-                raise ApiError(
-                    409,
-                    f"{UPLOAD_ORDER_HEADER}: batch {seq - 1} of this upload never completed;"
-                    " resend from it",
-                ) from None
-        if seq <= session.completed:
-            raise ApiError(409, f"{UPLOAD_ORDER_HEADER}: batch {seq} was already sent")
-        if not session.clean:
+        wanted = [seq - 1, seq] if seq else [seq]
+        before = (org_id, session, seq - 1)
+        completed = self._waiting.setdefault(before, asyncio.Event())
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + WAIT_SECONDS
+        pause = 0.001
+        try:
+            while True:
+                marks = await run_in_threadpool(self._ledger.batch_marks, org_id, session, wanted)
+                if seq in marks:
+                    raise ApiError(409, f"{UPLOAD_ORDER_HEADER}: batch {seq} was already sent")
+                if seq == 0 or seq - 1 in marks:
+                    break
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise ApiError(
+                        409,
+                        f"{UPLOAD_ORDER_HEADER}: batch {seq - 1} of this upload never"
+                        " completed; resend from it",
+                    )
+                try:
+                    await asyncio.wait_for(completed.wait(), min(pause, left))
+                except TimeoutError:
+                    pause = min(2 * pause, POLL_SECONDS)
+        finally:
+            if self._waiting.get(before) is completed:
+                del self._waiting[before]
+        if seq and not marks[seq - 1]:
             raise ApiError(
                 409,
                 f"{UPLOAD_ORDER_HEADER}: an earlier batch of this upload did not complete;"
                 " resend from its first unanswered event",
             )
 
-    async def done(self, session_id: str, seq: int, clean: bool) -> None:
-        """Batch ``seq`` has completed (or failed, ``clean=False``): later ones may go."""
-        session = self._session(session_id)  # it may have failed before its turn
-        if seq <= session.completed:
-            return
-        session.finished[seq] = clean
-        while session.completed + 1 in session.finished:
-            session.completed += 1
-            session.clean = session.finished.pop(session.completed) and session.clean
-        async with session.changed:
-            session.changed.notify_all()
-
-    def _session(self, session_id: str) -> _Session:
-        session = self._sessions.get(session_id)
-        if session is None:  # batch 1 may well arrive before batch 0: both are in flight
-            self._forget_idle()
-            session = self._sessions[session_id] = _Session()
-        session.used = time.monotonic()
-        return session
-
-    def _forget_idle(self) -> None:
-        cutoff = time.monotonic() - IDLE_SECONDS
-        for session_id in [s for s, v in self._sessions.items() if v.used < cutoff]:
-            del self._sessions[session_id]
+    async def done(self, org_id: int, session: str, seq: int, clean: bool) -> None:
+        """Batch ``seq`` has completed (or failed, ``clean=False``): the next may go. A
+        clean batch had its turn, so every batch before it completed cleanly too."""
+        await run_in_threadpool(self._ledger.mark_batch, org_id, session, seq, clean)
+        completed = self._waiting.get((org_id, session, seq))
+        if completed is not None:
+            completed.set()

@@ -154,7 +154,17 @@ class Ledger(Protocol):
         ...
 
     def prune(self, before: float) -> None:
-        """Forget answers recorded before this time."""
+        """Forget answers (and ordered-upload marks) recorded before this time."""
+        ...
+
+    def mark_batch(self, org_id: int, session: str, seq: int, clean: bool) -> None:
+        """Batch ``seq`` of an ordered upload (``/api/ingest`` with ``Instantml-Upload``)
+        has completed; ``clean``: every event of it got a final answer. The first mark of a
+        batch stands. Not in a unit: the mark is seen at once by every process."""
+        ...
+
+    def batch_marks(self, org_id: int, session: str, seqs: Sequence[int]) -> dict[int, bool]:
+        """The marks of these batches of the session that have one: ``seq -> clean``."""
         ...
 
 

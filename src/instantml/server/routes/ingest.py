@@ -52,10 +52,10 @@ async def ingest(request: Request, key: Ingest) -> JSONResponse:
     order = services(request).upload_order
     clean = False
     try:
-        results = await _ingest(request, key, lambda: order.turn(session, seq))
+        results = await _ingest(request, key, lambda: order.turn(key.org_id, session, seq))
         clean = all(is_final(result["status"], result["body"]) for result in results)
     finally:
-        await order.done(session, seq, clean)
+        await order.done(key.org_id, session, seq, clean)
     return JSONResponse({"results": results})
 
 

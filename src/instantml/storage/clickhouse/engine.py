@@ -50,6 +50,9 @@ TABLES: dict[str, tuple[str, str]] = {
 }
 
 
+CLOCK_SECONDS = 30.0  # how often the offset to the ClickHouse server's clock is measured
+
+
 def ddl(database: str, cluster: str | None = None) -> list[str]:
     """The statements that create the point store's tables (idempotent)."""
     if cluster is None:
@@ -97,6 +100,8 @@ class ChEngine:
                     password=unquote(parts.password or ""),
                     connect_timeout=10,
                     send_receive_timeout=300,
+                    # No session: queries of several threads run at once on one client.
+                    autogenerate_session_id=False,
                 )
             for statement in ddl(self.database, os.environ.get("INSTANTML_CLICKHOUSE_CLUSTER")):
                 self.client.command(statement)
@@ -106,15 +111,34 @@ class ChEngine:
         self._participants: list[Any] = []
         self._last_version = 0
         self._version_lock = threading.Lock()
+        # Versions follow one clock for every server process: the ClickHouse server's
+        # (this host's clock plus its measured offset), not each host's own.
+        self._offset_ns = 0
+        self._offset_at = float("-inf")
+        self._shared_clock = parts.scheme != "chdb"
 
     def table(self, name: str) -> str:
         return f"{self.database}.{name}"
 
     def version(self) -> int:
-        """A version for rows written now: the clock in ns, strictly increasing here."""
+        """A version for rows written now: the clock in ns, strictly increasing here. On a
+        ClickHouse server, that server's clock (re-measured every ``CLOCK_SECONDS``), so
+        that processes on several hosts order their rows by one clock."""
+        if self._shared_clock and time.monotonic() - self._offset_at > CLOCK_SECONDS:
+            self._measure_offset()
         with self._version_lock:
-            self._last_version = max(self._last_version + 1, time.time_ns())
+            self._last_version = max(self._last_version + 1, time.time_ns() + self._offset_ns)
             return self._last_version
+
+    def _measure_offset(self) -> None:
+        try:
+            before = time.time_ns()
+            server = int(self.client.command("SELECT toUnixTimestamp64Nano(now64(9))"))
+            after = time.time_ns()
+        except Exception:  # keep the last offset; the write itself will say what is wrong
+            return
+        self._offset_ns = server - (before + after) // 2
+        self._offset_at = time.monotonic()
 
     @contextmanager
     def guarded(self) -> Iterator[Any]:

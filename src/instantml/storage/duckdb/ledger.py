@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -41,6 +42,21 @@ _IDEMPOTENCY_COLUMNS = {
 }
 
 
+class _Marks:
+    """One ordered upload's completed batches (the newest ``_KEPT_MARKS`` of them)."""
+
+    __slots__ = ("floor", "marks", "used")
+
+    def __init__(self) -> None:
+        self.floor = 0  # every batch below it completed cleanly (its mark was let go)
+        self.marks: dict[int, bool] = {}
+        self.used = time.monotonic()
+
+
+_KEPT_MARKS = 1024  # an uploader keeps 2 batches in flight: older marks are never asked for
+_IDLE_SESSION = 3600.0  # an ordered upload unused this long is forgotten
+
+
 class _Staged:
     def __init__(self) -> None:
         self.charges: dict[tuple[int, str], int] = {}
@@ -53,6 +69,7 @@ class DuckDBLedger:
         engine.con.execute(SCHEMA)
         self._claims: set[Slot] = set()
         self._claims_lock = threading.Lock()
+        self._uploads: dict[tuple[int, str], _Marks] = {}  # guarded by the claims' lock
         self._used: dict[tuple[int, str], int] = {}
         self._filter = self._load_filter()
         self._staged = _Staged()
@@ -115,6 +132,37 @@ class DuckDBLedger:
 
     def prune(self, before: float) -> None:
         self._engine.cursor().execute("DELETE FROM idempotency WHERE created_at < ?", [before])
+
+    # ---- ordered uploads: in memory, as the claims (one process sees every batch) ----
+
+    def mark_batch(self, org_id: int, session: str, seq: int, clean: bool) -> None:
+        with self._claims_lock:
+            upload = self._uploads.get((org_id, session))
+            if upload is None:
+                now = time.monotonic()
+                for idle in [k for k, v in self._uploads.items() if v.used < now - _IDLE_SESSION]:
+                    del self._uploads[idle]
+                upload = self._uploads[(org_id, session)] = _Marks()
+            upload.used = time.monotonic()
+            if seq < upload.floor or seq in upload.marks:
+                return
+            upload.marks[seq] = clean
+            if len(upload.marks) > 2 * _KEPT_MARKS:
+                newest = max(upload.marks)
+                upload.floor = newest - _KEPT_MARKS
+                upload.marks = {q: c for q, c in upload.marks.items() if q >= upload.floor}
+
+    def batch_marks(self, org_id: int, session: str, seqs: Sequence[int]) -> dict[int, bool]:
+        with self._claims_lock:
+            upload = self._uploads.get((org_id, session))
+            if upload is None:
+                return {}
+            upload.used = time.monotonic()
+            return {
+                q: True if q < upload.floor else upload.marks[q]
+                for q in seqs
+                if q < upload.floor or q in upload.marks
+            }
 
     # ---- usage ----
 

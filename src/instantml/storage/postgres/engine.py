@@ -19,7 +19,6 @@ from psycopg_pool import ConnectionPool
 
 from ..records import StorageError
 
-SCHEMA_VERSION = 1
 _MIGRATION_LOCK = 0x1A57A7E  # pg_advisory_lock key: one migrating process at a time
 
 SCHEMA = """
@@ -55,6 +54,18 @@ CREATE TABLE IF NOT EXISTS claims (
     org_id BIGINT NOT NULL, key_hi BIGINT NOT NULL, key_lo BIGINT NOT NULL,
     expires DOUBLE PRECISION NOT NULL, PRIMARY KEY (org_id, key_hi, key_lo));
 """
+# Schema changes after the first, by the version they bring the database to: a database
+# is brought up to date on start, one version at a time, each in its own transaction.
+MIGRATIONS: dict[int, str] = {
+    2: """
+CREATE TABLE upload_batches (
+    org_id BIGINT NOT NULL, session TEXT NOT NULL, seq BIGINT NOT NULL,
+    clean BOOLEAN NOT NULL, created_at DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (org_id, session, seq));
+CREATE INDEX upload_batches_created ON upload_batches (created_at);
+""",
+}
+SCHEMA_VERSION = max(MIGRATIONS, default=1)
 
 
 class PgEngine:
@@ -75,13 +86,27 @@ class PgEngine:
         self.migrate()
 
     def migrate(self) -> None:
+        """Create the schema, or bring it up to ``SCHEMA_VERSION``; under an advisory lock,
+        so of several processes starting together one migrates and the others wait."""
         with self.pool.connection() as con:
             con.execute("SELECT pg_advisory_lock(%s)", [_MIGRATION_LOCK])
             try:
-                con.execute(SCHEMA)
-                row = con.execute("SELECT max(version) FROM schema_version").fetchone()
-                if row is None or row[0] is None:
-                    con.execute("INSERT INTO schema_version VALUES (%s)", [SCHEMA_VERSION])
+                with con.transaction():
+                    con.execute(SCHEMA)
+                    row = con.execute("SELECT max(version) FROM schema_version").fetchone()
+                    version = 0 if row is None or row[0] is None else int(row[0])
+                    if version == 0:
+                        con.execute("INSERT INTO schema_version VALUES (1)")
+                        version = 1
+                if version > SCHEMA_VERSION:
+                    raise StorageError(
+                        f"the PostgreSQL schema is at version {version}, newer than this"
+                        f" server's {SCHEMA_VERSION}: upgrade instantml"
+                    )
+                for target in range(version + 1, SCHEMA_VERSION + 1):
+                    with con.transaction():
+                        con.execute(MIGRATIONS[target])
+                        con.execute("UPDATE schema_version SET version = %s", [target])
             finally:
                 con.execute("SELECT pg_advisory_unlock(%s)", [_MIGRATION_LOCK])
 

@@ -101,6 +101,26 @@ class PgLedger:
     def prune(self, before: float) -> None:
         with self._engine.connection() as con:
             con.execute("DELETE FROM answers WHERE created_at < %s", [before])
+            con.execute("DELETE FROM upload_batches WHERE created_at < %s", [before])
+
+    # ---- ordered uploads ----
+
+    def mark_batch(self, org_id: int, session: str, seq: int, clean: bool) -> None:
+        with self._engine.pool.connection() as con:  # never a unit's: seen at once
+            con.execute(
+                "INSERT INTO upload_batches VALUES (%s, %s, %s, %s, %s)"
+                " ON CONFLICT (org_id, session, seq) DO NOTHING",
+                [org_id, session, seq, clean, time.time()],
+            )
+
+    def batch_marks(self, org_id: int, session: str, seqs: Sequence[int]) -> dict[int, bool]:
+        with self._engine.connection() as con:
+            rows = con.execute(
+                "SELECT seq, clean FROM upload_batches WHERE org_id = %s AND session = %s"
+                " AND seq = ANY(%s)",
+                [org_id, session, list(seqs)],
+            ).fetchall()
+        return {int(seq): bool(clean) for seq, clean in rows}
 
     # ---- usage ----
 

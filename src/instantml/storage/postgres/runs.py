@@ -48,6 +48,11 @@ class _Staged:
     extents: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
+# Run refs and series ids never change once committed, so a process may remember them
+# for ever; this bounds how many (the caches start over when full).
+CACHE_ENTRIES = 200_000
+
+
 class PgRuns:
     def __init__(self, engine: PgEngine) -> None:
         self._engine = engine
@@ -116,7 +121,8 @@ class PgRuns:
                 ).fetchone()
             if row is None:
                 return None
-            sid = self._series[(ref.seq, kind, key)] = int(row[0])
+            sid = int(row[0])
+            _remember(self._series, {(ref.seq, kind, key): sid})
         return sid
 
     def _ref(self, org_id: int, run_id: str) -> RunRef | None:
@@ -133,7 +139,7 @@ class PgRuns:
                 return None
             ref = RunRef(int(row[0]), row[1])
             if not self._engine.in_unit:  # a unit's own reads may not be committed yet
-                self._runs[(org_id, run_id)] = ref
+                _remember(self._runs, {(org_id, run_id): ref})
         return ref
 
     # ---- writes, in a unit ----
@@ -273,5 +279,11 @@ class PgRuns:
         self._flush_extents(staged)
 
     def committed(self, staged: _Staged) -> None:
-        self._runs.update(staged.runs)
-        self._series.update(staged.series)
+        _remember(self._runs, staged.runs)
+        _remember(self._series, staged.series)
+
+
+def _remember(cache: dict[Any, Any], entries: Mapping[Any, Any]) -> None:
+    if len(cache) + len(entries) > CACHE_ENTRIES:
+        cache.clear()
+    cache.update(entries)
