@@ -175,10 +175,11 @@ if __name__ == "__main__":
 class Endpoint:
     """The endpoint above in a child process on a free loopback port (a test fixture)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, port: int | None = None) -> None:
         from instantml.server.process import free_port
 
-        self.port = free_port()
+        self.path = Path(path)
+        self.port = port or free_port()
         self.log = Path(path).with_suffix(".log")
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("ab") as log:
@@ -199,6 +200,10 @@ class Endpoint:
     def url(self, database: str | None = None) -> str:
         """``clickhouse://`` URL of a database (a fresh one's, unless named)."""
         return f"clickhouse://127.0.0.1:{self.port}/{database or 'd_' + uuid.uuid4().hex[:12]}"
+
+    def restart(self) -> Endpoint:
+        """The same engine directory on the same port again (after ``stop``)."""
+        return Endpoint(self.path, self.port)
 
     def stop(self) -> None:
         if self.proc.poll() is None:

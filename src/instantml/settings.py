@@ -36,14 +36,34 @@ class ServerSettings:
     # On first start on loopback, write ~/.instantml/credentials for the local SDK (when no
     # such file exists). The demo turns it off: it must not touch the user's own file.
     write_credentials: bool = True
+    # Server processes on the port (``--workers``): more than one needs stores every process
+    # shares (PostgreSQL and a ClickHouse server), never an embedded file.
+    workers: int = 1
 
     @property
     def metadata_url(self) -> str:
-        return self.metadata_url_setting or f"duckdb://{self.data_dir / 'instantml.duckdb'}"
+        return self.metadata_url_setting or self.embedded_url
 
     @property
     def points_url(self) -> str:
-        return self.points_url_setting or self.metadata_url
+        """The points URL set, else the embedded DuckDB file (the metadata's, when that is
+        DuckDB too, so one engine holds both)."""
+        if self.points_url_setting:
+            return self.points_url_setting
+        metadata = self.metadata_url
+        return metadata if metadata.startswith("duckdb://") else self.embedded_url
+
+    @property
+    def embedded_url(self) -> str:
+        return f"duckdb://{self.data_dir / 'instantml.duckdb'}"
+
+    @property
+    def shared_stores(self) -> bool:
+        """Whether several server processes may use these stores at once: metadata on
+        PostgreSQL and points on a ClickHouse server (not DuckDB, not chdb)."""
+        return self.metadata_url.startswith(("postgresql://", "postgres://")) and (
+            self.points_url.startswith("clickhouse://")
+        )
 
     @classmethod
     def from_env(
@@ -64,6 +84,9 @@ class ServerSettings:
             values["write_credentials"] = False
         if env.get("INSTANTML_PLOTLY_JS"):
             values["plotly_js"] = Path(env["INSTANTML_PLOTLY_JS"]).expanduser()
+        workers = _int_or_none(env.get("INSTANTML_WORKERS"), "INSTANTML_WORKERS")
+        if workers:
+            values["workers"] = workers
         max_body = _int_or_none(env.get("INSTANTML_MAX_BODY_BYTES"), "INSTANTML_MAX_BODY_BYTES")
         if max_body:
             values["max_body_bytes"] = max_body

@@ -53,6 +53,7 @@ def _server(args: argparse.Namespace) -> int:
         metadata_url_setting=args.metadata_url,
         points_url_setting=args.points_url,
         write_credentials=False if args.no_credentials else None,
+        workers=args.workers,
     )
     try:
         serve(settings)
@@ -97,13 +98,21 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument(
         "--metadata-url",
         default=None,
-        help="orgs, keys, runs, the ledger: duckdb://PATH (default: INSTANTML_METADATA_URL,"
-        " else the data dir's file)",
+        help="orgs, keys, runs, the ledger: duckdb://PATH or postgresql://USER:PASS@HOST:PORT/DB"
+        " (default: INSTANTML_METADATA_URL, else the data dir's file)",
     )
     server.add_argument(
         "--points-url",
         default=None,
-        help="metric points: duckdb://PATH (default: INSTANTML_POINTS_URL, else the metadata URL)",
+        help="metric points: duckdb://PATH, clickhouse://HOST:PORT/DB, chdb://DIR (default:"
+        " INSTANTML_POINTS_URL, else the data dir's file)",
+    )
+    server.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="server processes on the port (default: INSTANTML_WORKERS, else 1); more than one"
+        " needs PostgreSQL and ClickHouse (docs/deploy.md)",
     )
     server.add_argument(
         "--no-credentials",

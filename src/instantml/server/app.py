@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -40,6 +41,11 @@ def create_app(settings: ServerSettings, stores: Stores | None = None) -> FastAP
             writer=writer,
             upload_order=UploadOrder(opened.ledger),
         )
+        # Everything alive now (modules, the app, caches) lives as long as the process: take
+        # it out of the cyclic collector's reach. An ingest batch allocates tens of thousands
+        # of containers, which triggers collections; a full one would otherwise walk this
+        # whole heap every few batches (measured: a third of instantml sync's throughput).
+        gc.freeze()
         try:
             yield
         finally:
@@ -66,7 +72,9 @@ def create_app(settings: ServerSettings, stores: Stores | None = None) -> FastAP
     @app.get("/healthz", include_in_schema=True)
     async def healthz() -> dict[str, str | int]:
         # The pid lets a launcher (the demo, the tests) tell its own child's answer from
-        # another server's on the same port.
-        return {"status": "ok", "version": __version__, "pid": os.getpid()}
+        # another server's on the same port: the process it started, which is the parent
+        # of this one under --workers. worker_pid is the process that answered.
+        pid = os.getppid() if settings.workers > 1 else os.getpid()
+        return {"status": "ok", "version": __version__, "pid": pid, "worker_pid": os.getpid()}
 
     return app

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
+from ..storage.records import StorageError
 from .responses import JSONResponse
+
+log = logging.getLogger(__name__)
 
 
 class ApiError(Exception):
@@ -57,6 +62,12 @@ def install(app: FastAPI) -> None:
         first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
         message = f"{_field_name(tuple(first.get('loc', ())))}: {first.get('msg', 'invalid')}"
         return JSONResponse({"error": message}, status_code=422)
+
+    @app.exception_handler(StorageError)
+    async def _storage_error(_: Request, exc: StorageError) -> JSONResponse:
+        # An engine down or refusing for now (its detail goes to the log, not the client).
+        log.warning("storage unavailable: %s", exc)
+        return JSONResponse({"error": "storage unavailable; retry"}, status_code=503)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

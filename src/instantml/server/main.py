@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import gc
+import functools
 import os
 import signal
 import socket
@@ -20,9 +20,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import uvicorn
+from uvicorn.config import STARTUP_FAILURE
+from uvicorn.supervisors.multiprocess import Multiprocess
 
 from ..settings import ServerSettings
-from ..storage import open_stores
+from ..storage import open_stores, safe_url
+from ..storage.protocols import Stores
+from ..storage.records import StorageError
 from .app import create_app
 from .bootstrap import base_url, bootstrap, local_credentials
 
@@ -78,16 +82,47 @@ def hold_data_dir(data_dir: Path) -> Iterator[None]:
 
 
 def serve(settings: ServerSettings) -> None:
+    if settings.workers < 1:
+        raise StartError(f"--workers must be at least 1, got {settings.workers}")
+    if settings.workers > 1 and not settings.shared_stores:
+        raise StartError(
+            f"--workers {settings.workers} needs stores every process shares: metadata on"
+            " PostgreSQL and points on a ClickHouse server (postgresql://... and"
+            f" clickhouse://...), not {_kind(settings.metadata_url)} and"
+            f" {_kind(settings.points_url)} (see docs/deploy.md)"
+        )
     sock = _listen(settings)
     try:
-        with hold_data_dir(settings.data_dir):
+        # An embedded store is one process's: its data dir is locked. Shared stores take
+        # any number of processes; the data dir only holds the admin key's file.
+        if settings.shared_stores:
             _serve(settings, sock)
+        else:
+            with hold_data_dir(settings.data_dir):
+                _serve(settings, sock)
     finally:
         sock.close()
 
 
+def _kind(url: str) -> str:
+    scheme = url.split("://", 1)[0]
+    kinds = {"duckdb": "an embedded DuckDB file", "chdb": "chdb (in one process)"}
+    return kinds.get(scheme, f"{scheme}://")
+
+
+def _open(settings: ServerSettings) -> Stores:
+    """The stores, or one line saying why they cannot be opened (unreachable, refused)."""
+    try:
+        if settings.shared_stores:
+            settings.data_dir.mkdir(parents=True, exist_ok=True)
+        return open_stores(settings.metadata_url, settings.points_url)
+    except (StorageError, ImportError, ValueError, OSError) as exc:
+        lines = str(exc).strip().splitlines()
+        raise StartError(lines[0] if lines else type(exc).__name__) from None
+
+
 def _serve(settings: ServerSettings, sock: socket.socket) -> None:
-    stores = open_stores(settings.metadata_url, settings.points_url)
+    stores = _open(settings)
     try:
         new_key = bootstrap(settings, stores.tenancy)
         url = base_url(settings)
@@ -98,16 +133,19 @@ def _serve(settings: ServerSettings, sock: socket.socket) -> None:
         token = admin_file.read_text().strip() if admin_file.exists() else None
         for line in local_credentials(settings, token, created=new_key is not None):
             print(line)
-        print(f"InstantML server on {url}  (data: {settings.data_dir})")
+        where = f"data: {settings.data_dir}"
+        if settings.metadata_url_setting or settings.points_url_setting:
+            where = f"metadata: {safe_url(settings.metadata_url)}, points: {safe_url(settings.points_url)}"
+        processes = f", {settings.workers} processes" if settings.workers > 1 else ""
+        print(f"InstantML server on {url}  ({where}{processes})")
         if token:
             print(f"Dashboard: {url}/?token={token}")
         sys.stdout.flush()
+        if settings.workers > 1:
+            stores.close()  # each process opens its own
+            _serve_processes(settings, sock)
+            return
         app = create_app(settings, stores)
-        # Everything alive now (modules, the app, caches) lives as long as the process: take
-        # it out of the cyclic collector's reach. An ingest batch allocates tens of thousands
-        # of containers, which triggers collections; a full one would otherwise walk this
-        # whole heap every few batches (measured: a third of instantml sync's throughput).
-        gc.freeze()
         config = uvicorn.Config(app, log_level="warning", lifespan="on")
         # uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal to
         # whatever handler was there before it. Make that a no-op, so the stores close
@@ -117,3 +155,20 @@ def _serve(settings: ServerSettings, sock: socket.socket) -> None:
         uvicorn.Server(config).run(sockets=[sock])
     finally:
         stores.close()
+
+
+def _serve_processes(settings: ServerSettings, sock: socket.socket) -> None:
+    """``--workers N``: N processes on one socket, under uvicorn's supervisor (it replaces
+    one that dies, and stops them all on SIGTERM or Ctrl-C). Each builds the app and opens
+    the stores itself."""
+    config = uvicorn.Config(
+        functools.partial(create_app, settings),
+        factory=True,
+        workers=settings.workers,
+        log_level="warning",
+        lifespan="on",
+    )
+    supervisor = Multiprocess(config, sockets=[sock])
+    supervisor.run()
+    if any(process.exitcode == STARTUP_FAILURE for process in supervisor.processes):
+        raise StartError("a server process failed to start (its error is above)")

@@ -14,6 +14,7 @@ event by event, and what is accepted still reaches the point store as columns.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from itertools import repeat
 
@@ -27,6 +28,7 @@ from ..storage.records import (
     RunSpec,
     ScalarPoint,
     Slot,
+    StorageError,
     StoredAnswer,
 )
 from . import answers
@@ -49,6 +51,7 @@ log = logging.getLogger(__name__)
 # Idempotency-Keys are remembered at least 7 days (the contract); a day's margin on top.
 IDEMPOTENCY_RETENTION = 8 * 86400.0
 _PRUNE_EVERY = 3600.0
+MAINTAIN_BACKOFF = 1.0  # seconds between tries of the aggregates' refresh while storage fails
 
 
 class WriteService:
@@ -56,6 +59,7 @@ class WriteService:
         self.stores = stores
         self.policy = policy or UsagePolicy()
         self._last_prune = float("-inf")
+        self._maintain_after = float("-inf")
 
     def apply(self, envelopes: list[Envelope]) -> list[Answer]:
         """Apply in order in one unit of work; one answer per envelope (a RankEvents
@@ -82,9 +86,15 @@ class WriteService:
     def maintain(self) -> bool:
         """One bounded unit of background work (summary aggregates); True if more remains.
         A failure is logged, never raised: the writer thread must go on."""
+        if time.monotonic() < self._maintain_after:
+            return False
         try:
             with self.stores.unit():
                 return self.stores.points.maintain()
+        except StorageError as exc:  # an engine away for now: said in one line, retried later
+            log.warning("refreshing summary aggregates (again in %g s): %s", MAINTAIN_BACKOFF, exc)
+            self._maintain_after = time.monotonic() + MAINTAIN_BACKOFF
+            return False
         except Exception:
             log.exception("refreshing summary aggregates")
             return False

@@ -101,6 +101,16 @@ POINT_BACKENDS: dict[str, Callable[[str, _Engines], Points]] = {
 }
 
 
+def safe_url(url: str) -> str:
+    """The URL without its password (for messages and logs)."""
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        credentials, host = rest.rsplit("@", 1)
+        user = credentials.split(":", 1)[0]
+        return f"{scheme}://{user}:***@{host}"
+    return url
+
+
 def _factory(registry: dict[str, Callable[[str, _Engines], Any]], url: str, what: str) -> Any:
     scheme = urlsplit(url).scheme
     factory = registry.get(scheme)
@@ -148,4 +158,4 @@ def _nested(
     return unit
 
 
-__all__ = ["METADATA_BACKENDS", "POINT_BACKENDS", "Stores", "open_stores"]
+__all__ = ["METADATA_BACKENDS", "POINT_BACKENDS", "Stores", "open_stores", "safe_url"]

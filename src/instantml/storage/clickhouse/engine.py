@@ -12,6 +12,7 @@ reached through a Distributed table, created ``ON CLUSTER``.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -20,6 +21,9 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from clickhouse_connect.driver.exceptions import DatabaseError
+
+from .. import safe_url
 from ..records import StorageError
 
 # name -> (columns, ORDER BY)
@@ -85,6 +89,9 @@ class ChEngine:
         parts = urlsplit(url)
         self.url = url
         self._lock: threading.Lock | None = None
+        driver_log = logging.getLogger("clickhouse_connect")
+        level = driver_log.level
+        driver_log.setLevel(logging.CRITICAL)  # at start, our one-line error says it all
         try:
             if parts.scheme == "chdb":
                 path = url.split("://", 1)[1]
@@ -106,7 +113,10 @@ class ChEngine:
             for statement in ddl(self.database, os.environ.get("INSTANTML_CLICKHOUSE_CLUSTER")):
                 self.client.command(statement)
         except Exception as exc:
-            raise StorageError(f"cannot use ClickHouse at {_safe(url)}: {exc}") from None
+            reason = " ".join(str(exc).split())  # one line
+            raise StorageError(f"cannot use ClickHouse at {safe_url(url)}: {reason}") from None
+        finally:
+            driver_log.setLevel(level)
         self._local = threading.local()
         self._participants: list[Any] = []
         self._last_version = 0
@@ -142,11 +152,16 @@ class ChEngine:
 
     @contextmanager
     def guarded(self) -> Iterator[Any]:
-        if self._lock is None:
-            yield self.client
-        else:
-            with self._lock:
+        """The client, for one query (alone, on chdb). A server that cannot be reached, or
+        that answers with an error of its own, is a StorageError: 503, retryable."""
+        try:
+            if self._lock is None:
                 yield self.client
+            else:
+                with self._lock:
+                    yield self.client
+        except DatabaseError as exc:
+            raise StorageError(f"ClickHouse: {' '.join(str(exc).split())}") from exc
 
     def query_np(self, sql: str, parameters: dict[str, Any] | None = None) -> Any:
         with self.guarded() as client:
@@ -193,10 +208,3 @@ class ChEngine:
             self.client.close()
         except Exception:  # closing is best effort
             pass
-
-
-def _safe(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password:
-        return url.replace(f":{parts.password}@", ":***@")
-    return url

@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import ConnectionPool
 
+from .. import safe_url
 from ..records import StorageError
 
 _MIGRATION_LOCK = 0x1A57A7E  # pg_advisory_lock key: one migrating process at a time
@@ -74,13 +75,19 @@ class PgEngine:
     def __init__(self, url: str, max_connections: int = 16) -> None:
         self.url = url
         try:
+            # One connection first: its error says why (refused, a wrong password), where
+            # the pool would only retry until its timeout.
+            psycopg.connect(url, connect_timeout=10).close()
             self.pool = ConnectionPool(
                 url, min_size=1, max_size=max_connections, open=True, timeout=10.0,
                 kwargs={"autocommit": True}, name="instantml",
             )  # fmt: skip
             self.pool.wait(timeout=10.0)
         except Exception as exc:  # a clear message at start: where, and why
-            raise StorageError(f"cannot connect to PostgreSQL at {_safe(url)}: {exc}") from None
+            reason = " ".join(str(exc).split())  # one line
+            raise StorageError(
+                f"cannot connect to PostgreSQL at {safe_url(url)}: {reason}"
+            ) from None
         self._local = threading.local()
         self._participants: list[Any] = []
         self.migrate()
@@ -124,7 +131,7 @@ class PgEngine:
         if con is not None:
             yield con
             return
-        with self.pool.connection() as con:
+        with unavailable_is_storage_error(), self.pool.connection() as con:
             yield con
 
     @contextmanager
@@ -133,7 +140,7 @@ class PgEngine:
         if getattr(self._local, "con", None) is not None:
             yield
             return
-        with self.pool.connection() as con:
+        with unavailable_is_storage_error(), self.pool.connection() as con:
             self._local.con = con
             staged = self._local.staged = {id(p): p.begin() for p in self._participants}
             try:
@@ -157,14 +164,14 @@ class PgEngine:
         self.pool.close()
 
 
-def _safe(url: str) -> str:
-    """The URL without its password."""
-    if "@" in url and "://" in url:
-        scheme, rest = url.split("://", 1)
-        credentials, host = rest.rsplit("@", 1)
-        user = credentials.split(":", 1)[0]
-        return f"{scheme}://{user}:***@{host}"
-    return url
+@contextmanager
+def unavailable_is_storage_error() -> Iterator[None]:
+    """A lost connection, or none to be had in time (the pool's PoolTimeout is one), is a
+    StorageError: the server answers it 503, retryable."""
+    try:
+        yield
+    except psycopg.OperationalError as exc:
+        raise StorageError(f"PostgreSQL: {' '.join(str(exc).split())}") from exc
 
 
 def storable(*names: str | None) -> bool:
