@@ -59,11 +59,11 @@ def value(step: int, rng: np.random.Generator) -> np.ndarray:
     return out
 
 
-def load_store(data: Path, steps: int, chunk: int = 200) -> None:
+def load_store(data: Path, steps: int, chunk: int = 200, env: dict[str, str] | None = None) -> None:
     """The run written straight through the stores (the point store's write path, per-step
     aggregates computed as at ingest), without HTTP: for runs that would take most of an
-    hour to send."""
-    settings = ServerSettings(data_dir=data)
+    hour to send. ``env``: the server's store settings (default: the data dir's file)."""
+    settings = ServerSettings.from_env(env or {}, data_dir=data)
     data.mkdir(parents=True, exist_ok=True)
     stores = open_stores(settings.metadata_url, settings.points_url)
     bootstrap(settings, stores.tenancy)
