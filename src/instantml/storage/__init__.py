@@ -63,14 +63,21 @@ def _duckdb_points(url: str, engines: _Engines) -> Points:
     return Points(DuckDBPoints(engine), engine.unit, engine.close)
 
 
-def _postgres_metadata(url: str, engines: _Engines) -> Metadata:
+@contextmanager
+def _extra(name: str, url: str) -> Iterator[None]:
+    """Imports of a backend behind an extra: missing, they say which to install."""
     try:
-        from .postgres import PgEngine, PgLedger, PgRuns, PgTenancy
+        yield
     except ImportError as exc:
         raise ImportError(
-            f"{url.split('://')[0]}:// needs the postgres extra ({exc.name} is missing):"
-            " pip install 'instantml[postgres]'"
+            f"{url.split('://')[0]}:// needs the {name} extra ({exc.name} is missing):"
+            f" pip install 'instantml[{name}]'"
         ) from None
+
+
+def _postgres_metadata(url: str, engines: _Engines) -> Metadata:
+    with _extra("postgres", url):
+        from .postgres import PgEngine, PgLedger, PgRuns, PgTenancy
     engine = PgEngine(url)
     return Metadata(PgTenancy(engine), PgRuns(engine), PgLedger(engine), engine.unit, engine.close)
 
@@ -83,13 +90,8 @@ METADATA_BACKENDS: dict[str, Callable[[str, _Engines], Metadata]] = {
 
 
 def _clickhouse_points(url: str, engines: _Engines) -> Points:
-    try:
+    with _extra("clickhouse", url):
         from .clickhouse import ChEngine, ChPoints
-    except ImportError as exc:
-        raise ImportError(
-            f"{url.split('://')[0]}:// needs the clickhouse extra ({exc.name} is missing):"
-            " pip install 'instantml[clickhouse]'"
-        ) from None
     engine = ChEngine(url)
     return Points(ChPoints(engine), engine.unit, engine.close)
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import orjson
 
 RANK, SCALAR = 1, 0  # series kinds
 
@@ -163,3 +165,52 @@ class SummaryRows:
     cells: dict[str, np.ndarray] = field(default_factory=dict)
     heat_size: int = 1
     first_nonfinite: tuple[int, int, float] | None = None
+
+
+def run_record(row: Sequence[Any]) -> RunRecord:
+    """A RunRecord from a row of the backends' runs query (JSON columns as text)."""
+    return RunRecord(
+        org_id=int(row[0]),
+        run_id=row[1],
+        project=row[2],
+        name=row[3],
+        status=row[4],
+        config=orjson.loads(row[5]),
+        tags=orjson.loads(row[6]),
+        metadata=orjson.loads(row[7]),
+        created_at=row[8],
+        updated_at=row[9],
+        world_size=row[10],
+        last_step=row[11],
+    )
+
+
+def run_values(spec: RunSpec, now: float) -> list[Any]:
+    """A new run's column values, in the backends' insert order: org, id, project, name,
+    config, tags and metadata (JSON text), created and updated at."""
+    return [
+        spec.org_id,
+        spec.run_id,
+        spec.project,
+        spec.name,
+        orjson.dumps(spec.config).decode(),
+        orjson.dumps(spec.tags).decode(),
+        orjson.dumps(spec.metadata).decode(),
+        now,
+        now,
+    ]
+
+
+def key_listing(rows: Iterable[Sequence[Any]]) -> list[dict[str, Any]]:
+    """Keys as listed (never their secrets), from rows of (key id, org name, scopes as
+    comma-separated text, created at, revoked at)."""
+    return [
+        {
+            "key_id": kid,
+            "org": org,
+            "scopes": sorted(scopes.split(",")),
+            "created_at": created,
+            "revoked_at": revoked,
+        }
+        for kid, org, scopes, created, revoked in rows
+    ]

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from ..records import RunConflict, RunRecord, RunRef, RunSpec
+from ..records import RunConflict, RunRecord, RunRef, RunSpec, run_record, run_values
 from .engine import Engine, first
 
 SCHEMA = """
@@ -36,23 +36,6 @@ _COLUMNS = (
     "org_id, run_id, project, name, status, config, tags, metadata, created_at, updated_at,"
     " world_size, last_step"
 )
-
-
-def _record(row: tuple[Any, ...]) -> RunRecord:
-    return RunRecord(
-        org_id=row[0],
-        run_id=row[1],
-        project=row[2],
-        name=row[3],
-        status=row[4],
-        config=orjson.loads(row[5]),
-        tags=orjson.loads(row[6]),
-        metadata=orjson.loads(row[7]),
-        created_at=row[8],
-        updated_at=row[9],
-        world_size=row[10],
-        last_step=row[11],
-    )
 
 
 def _text(value: Any) -> str | None:
@@ -106,7 +89,7 @@ class DuckDBRuns:
         ).fetchall()
         if not rows:
             return None
-        record = _record(rows[0])
+        record = run_record(rows[0])
         # Config written after creation (the public SDK's log_config) as config attributes.
         for path, value in cur.execute(
             "SELECT a.path, a.value FROM attributes a JOIN runs r USING (run_seq)"
@@ -127,7 +110,7 @@ class DuckDBRuns:
             )
             .fetchall()
         )
-        return [_record(row) for row in rows]
+        return [run_record(row) for row in rows]
 
     def series(self, org_id: int, run_id: str) -> list[tuple[int, int, str]] | None:
         ref = self._runs.get((org_id, run_id))
@@ -161,29 +144,18 @@ class DuckDBRuns:
                     f"SELECT {_COLUMNS} FROM runs WHERE run_seq = ?", [ref.seq]
                 )
             )
-            return _record(row), False
+            return run_record(row), False
         seq = self._next_run + len(self._staged.runs)
         now = time.time()
         row = first(
             self._engine.con.execute(
                 f"INSERT INTO runs VALUES (?, ?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, NULL, NULL)"
                 f" RETURNING {_COLUMNS}",
-                [
-                    seq,
-                    spec.org_id,
-                    spec.run_id,
-                    spec.project,
-                    spec.name,
-                    orjson.dumps(spec.config).decode(),
-                    orjson.dumps(spec.tags).decode(),
-                    orjson.dumps(spec.metadata).decode(),
-                    now,
-                    now,
-                ],
+                [seq, *run_values(spec, now)],
             )
         )
         self._staged.runs[slot] = RunRef(seq, spec.project)
-        return _record(row), True
+        return run_record(row), True
 
     def set_status(self, run: RunRef, status: str) -> RunRecord:
         self._flush_extents()
@@ -193,7 +165,7 @@ class DuckDBRuns:
                 [status, time.time(), run.seq],
             )
         )
-        return _record(row)
+        return run_record(row)
 
     def add_attributes(self, run: RunRef, attributes: list[dict[str, Any]], ts: float) -> None:
         for attribute in attributes:

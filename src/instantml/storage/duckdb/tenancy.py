@@ -7,7 +7,7 @@ import threading
 import time
 from typing import Any
 
-from ..records import ApiKeyRecord
+from ..records import ApiKeyRecord, key_listing
 from .engine import Engine, first
 
 SCHEMA = """
@@ -99,16 +99,7 @@ class DuckDBTenancy:
             )
             .fetchall()
         )
-        return [
-            {
-                "key_id": kid,
-                "org": org,
-                "scopes": sorted(scopes.split(",")),
-                "created_at": created,
-                "revoked_at": revoked,
-            }
-            for kid, org, scopes, created, revoked in rows
-        ]
+        return key_listing(rows)
 
     def revoke_api_key(self, key_id: str, org_id: int | None) -> bool:
         rows = (

@@ -15,30 +15,13 @@ from typing import Any
 
 import orjson
 
-from ..records import RunConflict, RunRecord, RunRef, RunSpec
+from ..records import RunConflict, RunRecord, RunRef, RunSpec, run_record, run_values
 from .engine import PgEngine, storable
 
 _COLUMNS = (
     "org_id, run_id, project, name, status, config, tags, metadata, created_at, updated_at,"
     " world_size, last_step"
 )
-
-
-def _record(row: Sequence[Any]) -> RunRecord:
-    return RunRecord(
-        org_id=int(row[0]),
-        run_id=row[1],
-        project=row[2],
-        name=row[3],
-        status=row[4],
-        config=orjson.loads(row[5]),
-        tags=orjson.loads(row[6]),
-        metadata=orjson.loads(row[7]),
-        created_at=row[8],
-        updated_at=row[9],
-        world_size=row[10],
-        last_step=row[11],
-    )
 
 
 @dataclass
@@ -71,7 +54,7 @@ class PgRuns:
             ).fetchone()
             if row is None:
                 return None
-            record = _record(row)
+            record = run_record(row)
             for path, value in con.execute(
                 "SELECT a.path, a.value FROM attributes a JOIN runs r USING (run_seq)"
                 " WHERE r.org_id = %s AND r.run_id = %s AND a.type = 'config'"
@@ -91,7 +74,7 @@ class PgRuns:
                 " ORDER BY created_at DESC, run_seq DESC LIMIT %s",
                 [org_id, project, project, limit],
             ).fetchall()
-        return [_record(row) for row in rows]
+        return [run_record(row) for row in rows]
 
     def series(self, org_id: int, run_id: str) -> list[tuple[int, int, str]] | None:
         if not storable(run_id):
@@ -162,17 +145,7 @@ class PgRuns:
                 " metadata, created_at, updated_at) VALUES (%s, %s, %s, %s, 'running', %s, %s,"
                 " %s, %s, %s) ON CONFLICT (org_id, run_id) DO NOTHING"
                 f" RETURNING run_seq, {_COLUMNS}",
-                [
-                    spec.org_id,
-                    spec.run_id,
-                    spec.project,
-                    spec.name,
-                    orjson.dumps(spec.config).decode(),
-                    orjson.dumps(spec.tags).decode(),
-                    orjson.dumps(spec.metadata).decode(),
-                    now,
-                    now,
-                ],
+                run_values(spec, now),
             ).fetchone()
             created = row is not None
             if row is None:
@@ -182,7 +155,7 @@ class PgRuns:
                     [spec.org_id, spec.run_id],
                 ).fetchone()
                 assert row is not None
-        record = _record(row[1:])
+        record = run_record(row[1:])
         if record.project != spec.project:
             raise RunConflict(spec.run_id, record.project)
         staged.runs[(spec.org_id, spec.run_id)] = RunRef(int(row[0]), record.project)
@@ -197,7 +170,7 @@ class PgRuns:
                 [status, time.time(), run.seq],
             ).fetchone()
         assert row is not None
-        return _record(row)
+        return run_record(row)
 
     def add_attributes(self, run: RunRef, attributes: list[dict[str, Any]], ts: float) -> None:
         rows = []

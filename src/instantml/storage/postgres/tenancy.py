@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..records import ApiKeyRecord
+from ..records import ApiKeyRecord, key_listing
 from .engine import PgEngine, storable
 
 _LIMIT_TTL = 5.0  # seconds another process's limit change may take to be seen here
@@ -89,16 +89,7 @@ class PgTenancy:
                 " ORDER BY k.created_at",
                 [org_id, org_id],
             ).fetchall()
-        return [
-            {
-                "key_id": kid,
-                "org": org,
-                "scopes": sorted(scopes.split(",")),
-                "created_at": created,
-                "revoked_at": revoked,
-            }
-            for kid, org, scopes, created, revoked in rows
-        ]
+        return key_listing(rows)
 
     def revoke_api_key(self, key_id: str, org_id: int | None) -> bool:
         if not storable(key_id):
