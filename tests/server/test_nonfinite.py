@@ -226,3 +226,31 @@ def test_sdk_refuses_what_is_not_a_number(tmp_path: Path) -> None:
         {"a": np.array(2)}, step=np.array(3), rank=0, world_size=1, weight=np.array(2.0)
     )
     run.finish()
+
+
+def test_a_large_batch_with_marks_is_stored_whole(api: httpx.Client, run_id: str) -> None:
+    # A batch of many points, some of them marks (a diverging shard), and steps whose every
+    # rank sent a mark: stored as one batch, the marks kept as marks.
+    events = []
+    for step in range(4):
+        for rank in range(64):
+            body = rank_body(metrics={"loss": float(rank)}, step=step, rank=rank, world_size=64)
+            if rank == 7 or step == 3:
+                body = {**body, "metrics": {}, "nonfinite": {"loss": "nan"}}
+            events.append(
+                {
+                    "event_id": uuid.uuid4().hex,
+                    "request": {"method": "POST", "path": f"/runs/{run_id}/rank-metrics",
+                                "body": body},
+                }
+            )  # fmt: skip
+    answer = api.post("/api/ingest", json={"events": events})
+    assert answer.status_code == 200, answer.text
+    assert {r["status"] for r in answer.json()["results"]} == {200}
+    points = stored_rank_points(api, run_id, "loss")
+    assert len(points) == 256
+    assert sum(1 for p in points if isinstance(p[2], str) or p[2] != p[2]) >= 4 * 1 + 63
+    got = summary(api, run_id, key="loss")
+    assert got["first_nonfinite"] == {"step": 0, "rank": 7, "value": "nan"}
+    assert [s["nonfinite"] for s in got["steps"]] == [1, 1, 1, 64]
+    assert [s["count"] for s in got["steps"]] == [63, 63, 63, 0]

@@ -88,6 +88,21 @@ def test_late_points_are_brought_up_to_date(open_stores: OpenStores) -> None:
     assert_matches(writer.summary(), reference(writes + late), 1.0)
 
 
+def test_a_large_unit_keeps_its_marks(open_stores: OpenStores) -> None:
+    # Large writes go to the engine as registered arrays (DuckDB reads a NaN there as
+    # NULL): a mark, and a step whose every rank sent one, stay marks.
+    writer = Writer(open_stores())
+    writes = [
+        Point(s, r, math.nan if r == 3 or s == 9 else float(r), 1.0, None, 8)
+        for s in range(10)
+        for r in range(8)
+    ]
+    later = [Point(2, 5, math.inf, 1.0, None, 8), *writes[:70]]  # rewrites, stale steps
+    writer.write(writes)
+    writer.write(later)
+    assert_matches(writer.summary(), reference([*writes, *later]), 10.0)
+
+
 def test_scalar_points_replace_by_step(stores: Stores) -> None:
     org, _ = stores.tenancy.ensure_org("o")
     with stores.unit():
@@ -152,5 +167,75 @@ def test_aggregates_equal_the_reference(open_stores: OpenStores, backend: str) -
             9.0,
             z,
         )
+
+    check()
+
+
+@st.composite
+def spread_batches(draw: st.DrawFn) -> list[list[Point]]:
+    """Batches over steps spread across several block levels (4, 16, 64, 256, 1,024),
+    sparse and ragged, later batches rewriting or preceding earlier steps."""
+    world = draw(st.sampled_from([2, 5]))
+    span = draw(st.sampled_from([40, 300, 3000]))
+    out = []
+    for _ in range(draw(st.integers(1, 4))):
+        steps = draw(st.lists(st.integers(0, span), min_size=1, max_size=25, unique=True))
+        out.append(
+            [
+                Point(
+                    step,
+                    rank,
+                    draw(st.sampled_from([0.5, 1.0, 2.0, 9.0, -1.0, 40.0, math.nan])),
+                    draw(st.sampled_from([1.0, 3.0])),
+                    draw(st.sampled_from([None, 0, 1])),
+                    world,
+                )
+                for step in steps
+                for rank in draw(st.lists(st.integers(0, world - 1), min_size=1, unique=True))
+            ]
+        )
+    return out
+
+
+def test_summaries_over_any_range_equal_the_reference(
+    open_stores: OpenStores, backend: str
+) -> None:
+    # Ranges whose ends fall anywhere relative to block edges, read between writes (so
+    # aggregates are brought up to date piecemeal), at several resolutions.
+    @examples(backend, 40)
+    @given(
+        batches=spread_batches(),
+        ends=st.tuples(st.integers(0, 3000), st.integers(0, 3000)),
+        whole=st.booleans(),
+        max_points=st.sampled_from([3, 7, 500]),
+        heatmap_steps=st.sampled_from([2, 5, 13, 200]),
+    )
+    def check(
+        batches: list[list[Point]],
+        ends: tuple[int, int],
+        whole: bool,
+        max_points: int,
+        heatmap_steps: int,
+    ) -> None:
+        stores = open_stores()
+        writer = Writer.__new__(Writer)
+        writer.stores, writer.seq = stores, 0
+        org, _ = stores.tenancy.ensure_org("o")
+        run_id = f"r{np.random.default_rng().integers(1 << 60)}"
+        from instantml.storage.records import RunSpec
+
+        with stores.unit():
+            stores.runs.create(RunSpec(org, run_id, "p", None, {}, [], {}))
+            run = stores.runs.resolve(org, [run_id])[run_id]
+            assert run is not None
+            (writer.sid,) = stores.runs.series_ids(run, RANK, ["loss"])
+        lo, hi = (None, None) if whole else (min(ends), max(ends))
+        params = {"step_min": lo, "step_max": hi, "max_points": max_points,
+                  "heatmap_steps": heatmap_steps, "outlier_limit": 10_000}  # fmt: skip
+        writes: list[Point] = []
+        for batch in batches:
+            writer.write(batch)
+            writes += batch
+            assert_matches(writer.summary(**params), reference(writes, **params), 40.0)
 
     check()

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...summary.params import ROBUST_Z_THRESHOLD
 from ...summary.step_stats import step_stats
+from .blocks import DEFAULT_Z
 from .engine import Engine
 
 STATS_COLUMNS = (
@@ -34,7 +36,7 @@ def recompute(engine: Engine, sid: int, steps: list[int]) -> None:
     try:
         # The range lets zone maps skip every row group outside the steps.
         points = con.execute(
-            "SELECT step, rank, value, weight, world_size FROM rank_points"
+            "SELECT step, rank, value, weight, world_size, local_rank FROM rank_points"
             " WHERE series_id = $sid AND step BETWEEN $lo AND $hi"
             " AND step IN (SELECT step FROM refresh_steps)",
             where,
@@ -44,11 +46,12 @@ def recompute(engine: Engine, sid: int, steps: list[int]) -> None:
             " AND step IN (SELECT step FROM refresh_steps)",
             where,
         )
-        con.execute(
-            "DELETE FROM stale_steps WHERE series_id = $sid AND step BETWEEN $lo AND $hi"
-            " AND step IN (SELECT step FROM refresh_steps)",
-            where,
-        )
+        for table in ("stale_steps", "outlier_rows"):
+            con.execute(
+                f"DELETE FROM {table} WHERE series_id = $sid AND step BETWEEN $lo AND $hi"
+                " AND step IN (SELECT step FROM refresh_steps)",
+                where,
+            )
     finally:
         con.unregister("refresh_steps")
     if not len(points["step"]):
@@ -65,6 +68,26 @@ def recompute(engine: Engine, sid: int, steps: list[int]) -> None:
         "z": z,
         "robust_z": robust,
     }
+    outlier = (np.abs(z) >= DEFAULT_Z) | (np.abs(robust) >= ROBUST_Z_THRESHOLD)
+    if outlier.any():
+        local = np.ma.filled(np.ma.asarray(points["local_rank"]).astype(np.float64), np.nan)
+        rows = {
+            "series_id": np.full(int(outlier.sum()), sid, dtype=np.int32),
+            "step": points["step"][outlier],
+            "rank": points["rank"][outlier],
+            "local_rank": local[outlier],
+            "value": points["value"][outlier],
+            "delta": delta[outlier],
+            "z": z[outlier],
+            "robust_z": robust[outlier],
+        }
+        with engine.frame("outliers", rows) as (source, params):
+            con.execute(
+                "INSERT INTO outlier_rows SELECT series_id, step, rank,"
+                " CASE WHEN isnan(local_rank) THEN NULL ELSE local_rank END, value, delta, z,"
+                f" robust_z FROM {source}",
+                params,
+            )
     with engine.frame("scored", scored) as (source, params):
         con.execute(
             "UPDATE rank_points SET delta = CASE WHEN isnan(scored.delta) THEN NULL ELSE"

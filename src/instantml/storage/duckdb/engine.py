@@ -114,8 +114,17 @@ class Engine:
             yield f"(VALUES {', '.join([row] * size)}) AS {name}({', '.join(names)})", params
             return
         self.con.register(name, frame)
+        # DuckDB reads a NaN in a registered float array as NULL; numpy has no NULL, so
+        # every NULL there was a NaN (a non-finite mark, a step with no finite value).
+        floats = {n for n, column in frame.items() if column.dtype.kind == "f"}
+        source = name
+        if floats:
+            listed = ", ".join(
+                f"coalesce({n}, 'nan'::DOUBLE) AS {n}" if n in floats else n for n in names
+            )
+            source = f"(SELECT {listed} FROM {name}) AS {name}"
         try:
-            yield name, []
+            yield source, []
         finally:
             self.con.unregister(name)
 

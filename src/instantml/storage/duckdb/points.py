@@ -23,7 +23,7 @@ import numpy as np
 
 from ...summary.step_stats import step_stats
 from ..records import ScalarPoint, SummaryRows, latest_points
-from . import aggregates, summary
+from . import aggregates, blocks, summary
 from .engine import Engine
 
 if TYPE_CHECKING:
@@ -57,6 +57,7 @@ WHERE NOT EXISTS (SELECT 1 FROM step_stats) AND NOT EXISTS (SELECT 1 FROM stale_
 """
 
 REFRESH_CHUNK = 4096  # stale steps recomputed per unit of background work
+BLOCK_CHUNK = 1024  # stale level-1 blocks rebuilt per unit of background work
 FRESH_MIN_POINTS = 64  # a unit writing fewer points of a series leaves its new steps stale
 _POINT_NAMES = ("series_id", "step", "rank", "world_size", "local_rank", "value", "weight", "ts")
 
@@ -67,11 +68,14 @@ class _Staged:
         self.scalars: dict[tuple[int, int], ScalarPoint] = {}
         self.refresh: set[int] = set()
         self.maintain: tuple[int, list[int]] | None = None
+        self.maintain_blocks: tuple[int, list[int]] | None = None
         # Filled by flush, for committed():
         self.frames: list[dict[str, np.ndarray]] = []
         self.last_step: dict[int, int] = {}
         self.stale: dict[int, set[int]] = {}
         self.refreshed: dict[int, set[int]] = {}
+        self.dirty: dict[int, set[int]] = {}  # level-1 blocks newly stale
+        self.rebuilt: dict[int, set[int]] = {}
 
 
 class DuckDBPoints:
@@ -79,9 +83,16 @@ class DuckDBPoints:
         self._engine = engine
         con = engine.con
         con.execute(SCHEMA)
+        blocks.create(engine)
         self._stale: dict[int, set[int]] = {}
         for sid, step in con.execute("SELECT DISTINCT series_id, step FROM stale_steps").fetchall():
             self._stale.setdefault(sid, set()).add(step)
+        # Level-1 blocks behind their points (blocks.py), by series.
+        self._dirty: dict[int, set[int]] = {}
+        for sid, start in con.execute(
+            "SELECT DISTINCT series_id, start FROM stale_blocks"
+        ).fetchall():
+            self._dirty.setdefault(sid, set()).add(start)
         # Each rank series' newest step, and each of its ranks' (see the module docstring).
         self._rank_last: dict[int, np.ndarray] = {}
         newest = con.execute(
@@ -107,17 +118,24 @@ class DuckDBPoints:
         self._staged.refresh.add(series_id)
 
     def maintain(self) -> bool:
-        if not self._stale:
-            return False
-        sid, steps = next(iter(self._stale.items()))
-        self._staged.maintain = (sid, sorted(steps)[:REFRESH_CHUNK])
-        return sum(map(len, self._stale.values())) > len(self._staged.maintain[1])
+        # Steps first: a block is rebuilt from its points' scores.
+        if self._stale:
+            sid, steps = next(iter(self._stale.items()))
+            self._staged.maintain = (sid, sorted(steps)[:REFRESH_CHUNK])
+            return True
+        if self._dirty:
+            sid, starts = next(iter(self._dirty.items()))
+            self._staged.maintain_blocks = (sid, sorted(starts)[:BLOCK_CHUNK])
+            return sum(map(len, self._dirty.values())) > len(self._staged.maintain_blocks[1])
+        return False
 
     def backlog(self) -> int:
-        return sum(len(steps) for steps in self._stale.values())
+        """Steps whose aggregates are behind (a stale level-1 block counts its steps)."""
+        steps = sum(len(s) for s in self._stale.values())
+        return steps + blocks.BASE * sum(len(s) for s in self._dirty.values())
 
     def needs_refresh(self, series_id: int) -> bool:
-        return bool(self._stale.get(series_id))
+        return bool(self._stale.get(series_id)) or bool(self._dirty.get(series_id))
 
     # ---- reads ----
 
@@ -191,6 +209,17 @@ class DuckDBPoints:
             if stale:
                 aggregates.recompute(self._engine, sid, sorted(stale))
                 staged.refreshed[sid] = stale
+        dirty = {
+            sid: self._dirty.get(sid, set()) | staged.dirty.get(sid, set())
+            for sid in staged.refresh
+        }
+        if staged.maintain_blocks is not None:
+            chosen, chunk = staged.maintain_blocks
+            dirty[chosen] = dirty.get(chosen, set()) | set(chunk)
+        for sid, starts in dirty.items():
+            if starts:
+                blocks.recompute(self._engine, sid, sorted(starts))
+                staged.rebuilt[sid] = starts
 
     def committed(self) -> None:
         staged = self._staged
@@ -208,6 +237,14 @@ class DuckDBPoints:
                 self._stale[sid] = remaining
             else:
                 self._stale.pop(sid, None)
+        for sid, starts in staged.dirty.items():
+            self._dirty.setdefault(sid, set()).update(starts)
+        for sid, starts in staged.rebuilt.items():
+            left = self._dirty.get(sid, set()) - starts
+            if left:
+                self._dirty[sid] = left
+            else:
+                self._dirty.pop(sid, None)
         self._staged = _Staged()
 
     def rolled_back(self) -> None:
@@ -235,6 +272,12 @@ class DuckDBPoints:
                 f" CASE WHEN isnan(robust_z) THEN NULL ELSE robust_z END FROM {source}",
                 params,
             )
+            engine.con.execute(
+                "INSERT INTO outlier_rows SELECT series_id, step, rank, nullif(local_rank, -1),"
+                f" value, delta, z, robust_z FROM {source} WHERE {blocks.IS_OUTLIER}",
+                params,
+            )
+        self._mark_blocks(frame, staged)
         if stats:
             aggregates.insert_stats(
                 self._engine, {n: np.concatenate([s[n] for s in stats]) for n in stats[0]}
@@ -252,6 +295,31 @@ class DuckDBPoints:
                 engine.con.execute(
                     f"INSERT INTO stale_steps SELECT series_id, step FROM {source}", params
                 )
+
+    def _mark_blocks(self, frame: dict[str, np.ndarray], staged: _Staged) -> None:
+        """Mark stale the level-1 blocks these points are in (those not stale already)."""
+        sids, steps = frame["series_id"], frame["step"]
+        new: dict[int, set[int]] = {}
+        for sid in np.unique(sids).tolist():
+            starts = set(blocks.level_one(steps[sids == sid]).tolist())
+            starts -= self._dirty.get(sid, set()) | staged.dirty.get(sid, set())
+            if starts:
+                new[sid] = starts
+                staged.dirty.setdefault(sid, set()).update(starts)
+        if not new:
+            return
+        rows = {
+            "series_id": np.concatenate(
+                [np.full(len(s), sid, dtype=np.int32) for sid, s in new.items()]
+            ),
+            "start": np.concatenate(
+                [np.fromiter(s, dtype=np.int64, count=len(s)) for s in new.values()]
+            ),
+        }
+        with self._engine.frame("stale_block_batch", rows) as (source, params):
+            self._engine.con.execute(
+                f"INSERT INTO stale_blocks SELECT series_id, start FROM {source}", params
+            )
 
     def _stage(
         self,

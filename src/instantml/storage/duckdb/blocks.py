@@ -1,0 +1,164 @@
+"""Per-rank aggregates by block of steps, at several resolutions, so that a summary's
+heatmap, per-rank rollup and outlier count cost what its resolution costs, not what the
+run's length does.
+
+A level-k block is the 4**k steps ``[start, start + 4**k)`` with ``start`` a multiple of
+4**k (k = 1 .. LEVELS); its row per rank holds the sums and extremes of that rank's points
+in it: finite values (count and sum), non-finite marks, the last step, the sums of deltas
+and |z|, the outlier rows at the default thresholds, the latest local rank. Level 0 is
+the points themselves. Any step interval is covered exactly by a few blocks per level
+(``cover``), so a heatmap cell or a rollup sum is a sum of a few rows per rank.
+
+Blocks are derived data: a write marks the level-1 blocks of the steps it touched
+(``stale_blocks``, in the same unit as the points), and ``recompute`` rebuilds those and
+their ancestors from the points' current scores (after stale steps are recomputed), in
+the background or before a read. Rewrites, late points and replays go the same way, so
+every level stays exact.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...summary.params import ROBUST_Z_THRESHOLD, SummaryParams
+from .engine import Engine
+
+BASE = 4
+LEVELS = 8  # blocks of 4, 16, ..., 65,536 steps
+DEFAULT_Z = SummaryParams().z  # the z the outlier counts of blocks are kept for
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS rank_blocks (
+    series_id INTEGER NOT NULL, level TINYINT NOT NULL, start BIGINT NOT NULL,
+    rank SMALLINT NOT NULL, n INTEGER NOT NULL, marks INTEGER NOT NULL,
+    total DOUBLE NOT NULL, last_step BIGINT NOT NULL, sum_delta DOUBLE NOT NULL,
+    sum_abs_z DOUBLE NOT NULL, outliers INTEGER NOT NULL, lr_step BIGINT,
+    local_rank SMALLINT);
+CREATE TABLE IF NOT EXISTS stale_blocks (series_id INTEGER NOT NULL, start BIGINT NOT NULL);
+CREATE TABLE IF NOT EXISTS outlier_rows (
+    series_id INTEGER NOT NULL, step BIGINT NOT NULL, rank SMALLINT NOT NULL,
+    local_rank SMALLINT, value DOUBLE NOT NULL, delta DOUBLE, z DOUBLE, robust_z DOUBLE);
+"""
+
+# A point's contribution, and a group of contributions' sum: the columns of rank_blocks
+# after (series_id, level, start, rank), in order.
+# (A score is NULL in rank_points and NaN in a staged frame where it has none; DuckDB
+# orders NaN above every number, so a NaN must not pass the threshold.)
+IS_OUTLIER = (
+    f"((isfinite(z) AND abs(z) >= {DEFAULT_Z})"
+    f" OR (isfinite(robust_z) AND abs(robust_z) >= {ROBUST_Z_THRESHOLD}))"
+)
+POINT_SUMS = (
+    "count(*) FILTER (WHERE isfinite(value)), count(*) FILTER (WHERE NOT isfinite(value)),"
+    " coalesce(sum(value) FILTER (WHERE isfinite(value)), 0), max(step),"
+    " coalesce(sum(delta), 0), coalesce(sum(abs(z)), 0),"
+    f" count(*) FILTER (WHERE {IS_OUTLIER}),"
+    " max(step) FILTER (WHERE local_rank IS NOT NULL),"
+    " arg_max(local_rank, step) FILTER (WHERE local_rank IS NOT NULL)"
+)
+BLOCK_SUMS = (
+    "sum(n)::INTEGER, sum(marks)::INTEGER, sum(total), max(last_step), sum(sum_delta),"
+    " sum(sum_abs_z), sum(outliers)::INTEGER, max(lr_step),"
+    " arg_max(local_rank, lr_step) FILTER (WHERE lr_step IS NOT NULL)"
+)
+# A point as a row of block columns (for summing points and blocks together).
+POINT_AS_BLOCK = (
+    "rank, CASE WHEN isfinite(value) THEN 1 ELSE 0 END AS n,"
+    " CASE WHEN isfinite(value) THEN 0 ELSE 1 END AS marks,"
+    " CASE WHEN isfinite(value) THEN value ELSE 0 END AS total, step AS last_step,"
+    " coalesce(delta, 0) AS sum_delta, coalesce(abs(z), 0) AS sum_abs_z,"
+    f" CASE WHEN {IS_OUTLIER} THEN 1 ELSE 0 END AS outliers,"
+    " CASE WHEN local_rank IS NULL THEN NULL ELSE step END AS lr_step, local_rank"
+)
+BLOCK_COLUMNS = (
+    "rank, n, marks, total, last_step, sum_delta, sum_abs_z, outliers, lr_step, local_rank"
+)
+
+
+def create(engine: Engine) -> None:
+    """The tables; a store written before blocks existed gets every block marked stale and
+    its outlier rows found, once."""
+    con = engine.con
+    existed = con.execute(
+        "SELECT count(*) FROM information_schema.tables WHERE table_name = 'rank_blocks'"
+    ).fetchall()[0][0]
+    con.execute(SCHEMA)
+    if not existed:
+        con.execute(
+            f"INSERT INTO stale_blocks SELECT DISTINCT series_id, step // {BASE} * {BASE}"
+            " FROM rank_points"
+        )
+        con.execute(
+            "INSERT INTO outlier_rows SELECT series_id, step, rank, local_rank, value, delta,"
+            f" z, robust_z FROM rank_points WHERE {IS_OUTLIER}"
+        )
+
+
+def level_one(steps: np.ndarray) -> np.ndarray:
+    """The level-1 blocks (their starts) these steps are in."""
+    return np.unique(steps // BASE * BASE)
+
+
+def recompute(engine: Engine, sid: int, starts: list[int]) -> None:
+    """Rebuild these level-1 blocks of one series from its points, and their ancestors
+    from their children."""
+    con = engine.con
+    for level in range(1, LEVELS + 1):
+        size = BASE**level
+        chosen = np.unique(np.array(starts, dtype=np.int64) // size * size)
+        frame = {"start": chosen}
+        where = {"sid": sid, "level": level, "lo": int(chosen[0]), "hi": int(chosen[-1])}
+        with engine.frame("rebuilt", frame) as (source, params):
+            con.execute(
+                "DELETE FROM rank_blocks WHERE series_id = ? AND level = ?"
+                f" AND start BETWEEN ? AND ? AND start IN (SELECT start FROM {source})",
+                [sid, level, where["lo"], where["hi"], *params],
+            )
+            if level == 1:
+                con.execute(
+                    f"INSERT INTO rank_blocks SELECT ?, 1, step // {BASE} * {BASE} AS s, rank,"
+                    f" {POINT_SUMS} FROM rank_points WHERE series_id = ?"
+                    f" AND step BETWEEN ? AND ? + {BASE - 1}"
+                    f" AND step // {BASE} * {BASE} IN (SELECT start FROM {source})"
+                    " GROUP BY s, rank",
+                    [sid, sid, where["lo"], where["hi"], *params],
+                )
+            else:
+                con.execute(
+                    f"INSERT INTO rank_blocks SELECT ?, ?, start // {size} * {size} AS s, rank,"
+                    f" {BLOCK_SUMS} FROM rank_blocks WHERE series_id = ? AND level = ?"
+                    f" AND start BETWEEN ? AND ? + {size - 1}"
+                    f" AND start // {size} * {size} IN (SELECT start FROM {source})"
+                    " GROUP BY s, rank",
+                    [sid, level, sid, level - 1, where["lo"], where["hi"], *params],
+                )
+    with engine.frame("rebuilt", {"start": np.array(starts, dtype=np.int64)}) as (source, params):
+        con.execute(
+            "DELETE FROM stale_blocks WHERE series_id = ?"
+            f" AND start IN (SELECT start FROM {source})",
+            [sid, *params],
+        )
+
+
+def cover(first: int, last: int) -> tuple[list[tuple[int, int]], list[int]]:
+    """The steps ``[first, last]`` as the fewest aligned blocks: ``(level, start)`` pairs
+    and single steps (level 0). Greedy from the left: the largest block that starts here
+    and ends within the interval."""
+    blocks: list[tuple[int, int]] = []
+    steps: list[int] = []
+    at = first
+    while at <= last:
+        level = 0
+        while (
+            level < LEVELS
+            and at % BASE ** (level + 1) == 0
+            and at + BASE ** (level + 1) - 1 <= last
+        ):
+            level += 1
+        if level == 0:
+            steps.append(at)
+            at += 1
+        else:
+            blocks.append((level, at))
+            at += BASE**level
+    return blocks, steps
