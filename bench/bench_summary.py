@@ -246,8 +246,8 @@ def measure(steps: int, load: str, repeats: int, baselines: bool = True) -> dict
                 default.append(elapsed)
                 rss.append(rss_mb(server.proc.pid))  # type: ignore[union-attr]
                 zoom.append(timed_get(http, {"step_min": zoom_lo, "step_max": zoom_lo + 999})[0])
-                if len(other_z) < 3:  # a non-default z scans the range's points
-                    other_z.append(timed_get(http, {"z": 2.5})[0])
+            for _ in range(3):  # last: a non-default z scans the range's points
+                other_z.append(timed_get(http, {"z": 2.5})[0])
             http.close()
         finally:
             server.stop()

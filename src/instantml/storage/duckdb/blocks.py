@@ -61,17 +61,14 @@ BLOCK_SUMS = (
     " sum(sum_abs_z), sum(outliers)::INTEGER, max(lr_step),"
     " arg_max(local_rank, lr_step) FILTER (WHERE lr_step IS NOT NULL)"
 )
-# A point as a row of block columns (for summing points and blocks together).
+# A point as a row of block columns (for summing points and blocks together; no NULLs).
 POINT_AS_BLOCK = (
     "rank, CASE WHEN isfinite(value) THEN 1 ELSE 0 END AS n,"
     " CASE WHEN isfinite(value) THEN 0 ELSE 1 END AS marks,"
     " CASE WHEN isfinite(value) THEN value ELSE 0 END AS total, step AS last_step,"
     " coalesce(delta, 0) AS sum_delta, coalesce(abs(z), 0) AS sum_abs_z,"
     f" CASE WHEN {IS_OUTLIER} THEN 1 ELSE 0 END AS outliers,"
-    " CASE WHEN local_rank IS NULL THEN NULL ELSE step END AS lr_step, local_rank"
-)
-BLOCK_COLUMNS = (
-    "rank, n, marks, total, last_step, sum_delta, sum_abs_z, outliers, lr_step, local_rank"
+    " CASE WHEN local_rank IS NULL THEN -1 ELSE step END AS lr_step, local_rank"
 )
 
 

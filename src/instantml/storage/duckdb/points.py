@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ...summary.params import ROBUST_Z_THRESHOLD
 from ...summary.step_stats import step_stats
 from ..records import ScalarPoint, SummaryRows, latest_points
 from . import aggregates, blocks, summary
@@ -272,11 +273,7 @@ class DuckDBPoints:
                 f" CASE WHEN isnan(robust_z) THEN NULL ELSE robust_z END FROM {source}",
                 params,
             )
-            engine.con.execute(
-                "INSERT INTO outlier_rows SELECT series_id, step, rank, nullif(local_rank, -1),"
-                f" value, delta, z, robust_z FROM {source} WHERE {blocks.IS_OUTLIER}",
-                params,
-            )
+        self._insert_outliers(frame)
         self._mark_blocks(frame, staged)
         if stats:
             aggregates.insert_stats(
@@ -295,6 +292,25 @@ class DuckDBPoints:
                 engine.con.execute(
                     f"INSERT INTO stale_steps SELECT series_id, step FROM {source}", params
                 )
+
+    def _insert_outliers(self, frame: dict[str, np.ndarray]) -> None:
+        """Keep the scored points that are outliers at the default thresholds as rows (a
+        few per batch: selected here, so the batch is not scanned again)."""
+        with np.errstate(invalid="ignore"):
+            chosen = np.flatnonzero(
+                (np.abs(frame["z"]) >= blocks.DEFAULT_Z)
+                | (np.abs(frame["robust_z"]) >= ROBUST_Z_THRESHOLD)
+            )
+        if not len(chosen):
+            return
+        names = ("series_id", "step", "rank", "local_rank", "value", "delta", "z", "robust_z")
+        rows = {name: frame[name][chosen] for name in names}
+        with self._engine.frame("outliers", rows) as (source, params):
+            self._engine.con.execute(
+                "INSERT INTO outlier_rows SELECT series_id, step, rank, nullif(local_rank, -1),"
+                f" value, delta, z, robust_z FROM {source}",
+                params,
+            )
 
     def _mark_blocks(self, frame: dict[str, np.ndarray], staged: _Staged) -> None:
         """Mark stale the level-1 blocks these points are in (those not stale already)."""

@@ -110,98 +110,142 @@ def _from_blocks(
     series_id: int,
     first: int,
 ) -> None:
-    """Heatmap cells and the rollup as sums of block rows: each heatmap bucket is covered
-    by a few blocks per level plus at most a few single steps at its edges, so the rows
-    read grow with the buckets and the ranks, not with the points."""
+    """Heatmap cells and the rollup as sums of block rows. Each heatmap bucket is covered
+    by a few aligned blocks per level plus at most a few single steps at its edges; the
+    rollup, by the same cover of the whole range. The rows read grow with the buckets, the
+    ranks and the levels, not with the points."""
     steps = found.stats["step"]
-    size = found.heat_size
-    keys = (steps - first) // size
+    keys = (steps - first) // found.heat_size
     starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
     ends = np.r_[starts[1:], len(steps)] - 1
-    levels: list[int] = []
-    block_starts: list[int] = []
-    block_bucket: list[int] = []
-    raw: list[int] = []
-    raw_bucket: list[int] = []
-    for bucket, lo_i, hi_i in zip(keys[starts].tolist(), starts.tolist(), ends.tolist()):
-        lo, hi = int(steps[lo_i]), int(steps[hi_i])
-        present = hi_i - lo_i + 1
-        if (hi - lo + 1) // blocks.BASE**blocks.LEVELS > present:  # sparse: points are fewer
-            raw += steps[lo_i : hi_i + 1].tolist()
-            raw_bucket += [bucket] * present
-            continue
+    pieces = _Pieces()
+    for bucket, lo, hi in zip(keys[starts].tolist(), starts.tolist(), ends.tolist()):
+        pieces.add(bucket, steps[lo : hi + 1])
+    whole = _Pieces()
+    whole.add(0, steps)
+    cells = _read(cur, series_id, pieces, "rank, n, marks, total", _CELL_OF_POINT)
+    rank = np.asarray(cells["rank"], dtype=np.int64)
+    bucket = np.asarray(cells["b"], dtype=np.int64)
+    width = int(bucket.max()) + 1 if len(bucket) else 1
+    cell = rank * width + bucket
+    size = (int(rank.max()) + 1 if len(rank) else 0) * width
+    n = np.bincount(cell, weights=cells["n"], minlength=size)
+    marks = np.bincount(cell, weights=cells["marks"], minlength=size)
+    seen = np.flatnonzero((n > 0) | (marks > 0))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        value = np.bincount(cell, weights=cells["total"], minlength=size)[seen] / n[seen]
+    value[n[seen] == 0] = np.nan
+    found.cells = {
+        "rank": seen // width,
+        "b": seen % width,
+        "v": value,
+        "marks": marks[seen].astype(np.int64),
+    }
+    found.rollup = _read_rollup(cur, series_id, whole)
+
+
+# A point's cell columns (a point is a block of one step).
+_CELL_OF_POINT = (
+    "rank, CASE WHEN isfinite(value) THEN 1 ELSE 0 END AS n,"
+    " CASE WHEN isfinite(value) THEN 0 ELSE 1 END AS marks,"
+    " CASE WHEN isfinite(value) THEN value ELSE 0 END AS total"
+)
+
+
+class _Pieces:
+    """Step intervals (one per bucket) as aligned blocks and single steps."""
+
+    def __init__(self) -> None:
+        self.levels: list[int] = []
+        self.starts: list[int] = []
+        self.block_bucket: list[int] = []
+        self.steps: list[int] = []
+        self.step_bucket: list[int] = []
+
+    def add(self, bucket: int, present: np.ndarray) -> None:
+        lo, hi = int(present[0]), int(present[-1])
+        if (hi - lo + 1) // blocks.BASE**blocks.LEVELS > len(present):
+            # So sparse that its points are fewer than its blocks would be: the points.
+            self.steps += present.tolist()
+            self.step_bucket += [bucket] * len(present)
+            return
         covered, single = blocks.cover(lo, hi)
         for level, start in covered:
-            levels.append(level)
-            block_starts.append(start)
-            block_bucket.append(bucket)
-        raw += single
-        raw_bucket += [bucket] * len(single)
-    pieces = {
-        "level": np.array(levels, dtype=np.int8),
-        "start": np.array(block_starts, dtype=np.int64),
-        "b": np.array(block_bucket, dtype=np.int64),
-    }
-    singles = {"step": np.array(raw, dtype=np.int64), "b": np.array(raw_bucket, dtype=np.int64)}
-    cur.register("pieces", pieces)
-    cur.register("singles", singles)
+            self.levels.append(level)
+            self.starts.append(start)
+            self.block_bucket.append(bucket)
+        self.steps += single
+        self.step_bucket += [bucket] * len(single)
+
+    def frames(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        return (
+            {
+                "level": np.array(self.levels, dtype=np.int8),
+                "start": np.array(self.starts, dtype=np.int64),
+                "b": np.array(self.block_bucket, dtype=np.int32),
+            },
+            {
+                "step": np.array(self.steps, dtype=np.int64),
+                "b": np.array(self.step_bucket, dtype=np.int32),
+            },
+        )
+
+
+def _read(
+    cur: duckdb.DuckDBPyConnection,
+    series_id: int,
+    pieces: _Pieces,
+    columns: str,
+    of_point: str,
+    then: str = "",
+) -> dict[str, np.ndarray]:
+    """The block rows and the points of these pieces (``columns`` of rank_blocks, a point
+    projected by ``of_point``), each with its bucket ``b``; ``then`` wraps the union (an
+    aggregate over ``u``)."""
+    block_frame, step_frame = pieces.frames()
+    cur.register("pieces", block_frame)
+    cur.register("singles", step_frame)
     try:
-        cells = cur.execute(
-            f"SELECT rank, b, {blocks.BLOCK_SUMS} FROM ("
-            f" SELECT p.b, {blocks.BLOCK_COLUMNS} FROM rank_blocks r"
-            " JOIN pieces p ON p.level = r.level AND p.start = r.start"
+        union = (
+            f"SELECT p.b, {', '.join('r.' + c.strip() for c in columns.split(','))}"
+            " FROM rank_blocks r JOIN pieces p ON p.level = r.level AND p.start = r.start"
             " WHERE r.series_id = $sid AND r.start IN (SELECT start FROM pieces)"
-            f" UNION ALL SELECT e.b, {blocks.POINT_AS_BLOCK} FROM rank_points"
-            " JOIN singles e USING (step) WHERE series_id = $sid"
-            " AND step IN (SELECT step FROM singles)"
-            ") GROUP BY rank, b ORDER BY rank, b",
-            {"sid": series_id},
-        ).fetchnumpy()
+            f" UNION ALL SELECT e.b, {of_point} FROM rank_points JOIN singles e USING (step)"
+            " WHERE series_id = $sid AND step IN (SELECT step FROM singles)"
+        )
+        sql = then.format(union=union) if then else union
+        return dict(cur.execute(sql, {"sid": series_id}).fetchnumpy())
     finally:
         cur.unregister("pieces")
         cur.unregister("singles")
-    names = ("rank", "b", "n", "marks", "total", "last", "sum_delta", "sum_abs_z", "outliers",
-             "lr_step", "local_rank")  # fmt: skip
-    columns = dict(zip(names, cells.values(), strict=True))
-    n = np.asarray(columns["n"], dtype=np.int64)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        value = np.where(n > 0, np.asarray(columns["total"], dtype=np.float64) / n, np.nan)
-    found.cells = {
-        "rank": np.asarray(columns["rank"]),
-        "b": np.asarray(columns["b"]),
-        "v": value,
-        "marks": np.asarray(columns["marks"]),
-    }
-    found.rollup = _rollup(columns)
 
 
-def _rollup(columns: dict[str, np.ndarray]) -> list[tuple[object, ...]]:
-    """Per rank (cells come sorted by rank): the sums of its cells."""
-    rank = np.asarray(columns["rank"], dtype=np.int64)
-    if not len(rank):
-        return []
-    starts = np.flatnonzero(np.r_[True, rank[1:] != rank[:-1]])
-
-    def total(name: str) -> np.ndarray:
-        return np.add.reduceat(np.asarray(columns[name], dtype=np.float64), starts)
-
-    n = np.add.reduceat(np.asarray(columns["n"], dtype=np.int64), starts)
-    marks = np.add.reduceat(np.asarray(columns["marks"], dtype=np.int64), starts)
-    outliers = np.add.reduceat(np.asarray(columns["outliers"], dtype=np.int64), starts)
-    last = np.maximum.reduceat(np.asarray(columns["last"], dtype=np.int64), starts)
-    sum_delta, sum_abs_z = total("sum_delta"), total("sum_abs_z")
-    lr_step = np.ma.filled(np.ma.masked_invalid(_floats(columns["lr_step"])), -1.0)
-    local = _floats(columns["local_rank"])
+def _read_rollup(
+    cur: duckdb.DuckDBPyConnection, series_id: int, whole: _Pieces
+) -> list[tuple[object, ...]]:
+    """Per rank over the whole range (its cover: a few blocks per level)."""
+    rows = _read(
+        cur, series_id, whole,
+        "rank, n, marks, total, last_step, sum_delta, sum_abs_z, outliers, lr_step, local_rank",
+        blocks.POINT_AS_BLOCK,
+        then=(
+            "SELECT rank, sum(n)::BIGINT AS n, max(last_step) AS last_step,"
+            " sum(sum_delta) AS sum_delta, sum(sum_abs_z) AS sum_abs_z,"
+            " sum(outliers)::BIGINT AS outliers,"
+            " arg_max(local_rank, lr_step) FILTER (WHERE lr_step >= 0) AS local_rank,"
+            " sum(marks)::BIGINT AS marks FROM ({union}) u GROUP BY rank ORDER BY rank"
+        ),
+    )  # fmt: skip
+    local = _floats(rows["local_rank"])
     out: list[tuple[object, ...]] = []
-    for i, (lo, hi) in enumerate(zip(starts, np.r_[starts[1:], len(rank)], strict=True)):
-        latest = lo + int(np.argmax(lr_step[lo:hi]))
-        local_rank = None if lr_step[latest] < 0 else int(local[latest])
-        count = int(n[i])
+    for i, rank in enumerate(np.asarray(rows["rank"]).tolist()):
+        count = int(rows["n"][i])
         out.append((
-            int(rank[lo]), count, int(last[i]),
-            float(sum_delta[i]) / count if count else None,
-            float(sum_abs_z[i]) / count if count else None,
-            int(outliers[i]), local_rank, int(marks[i]),
+            rank, count, int(rows["last_step"][i]),
+            float(rows["sum_delta"][i]) / count if count else None,
+            float(rows["sum_abs_z"][i]) / count if count else None,
+            int(rows["outliers"][i]), None if local[i] != local[i] else int(local[i]),
+            int(rows["marks"][i]),
         ))  # fmt: skip
     return out
 
