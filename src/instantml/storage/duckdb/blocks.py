@@ -96,44 +96,53 @@ def level_one(steps: np.ndarray) -> np.ndarray:
     return np.unique(steps // BASE * BASE)
 
 
-def recompute(engine: Engine, sid: int, starts: list[int]) -> None:
-    """Rebuild these level-1 blocks of one series from its points, and their ancestors
-    from their children."""
+def recompute(engine: Engine, stale: dict[int, list[int]]) -> None:
+    """Rebuild these level-1 blocks (by series) from their points, and their ancestors
+    from their children: two statements per level, whatever the number of series."""
     con = engine.con
+    sids = np.concatenate([np.full(len(s), sid, dtype=np.int32) for sid, s in stale.items()])
+    level_one = np.concatenate([np.asarray(s, dtype=np.int64) for s in stale.values()])
     for level in range(1, LEVELS + 1):
         size = BASE**level
-        chosen = np.unique(np.array(starts, dtype=np.int64) // size * size)
-        frame = {"start": chosen}
-        where = {"sid": sid, "level": level, "lo": int(chosen[0]), "hi": int(chosen[-1])}
+        pairs = np.unique(np.stack([sids.astype(np.int64), level_one // size * size]), axis=1)
+        frame = {"series_id": pairs[0].astype(np.int32), "start": pairs[1]}
+        span = [int(pairs[0].min()), int(pairs[0].max()), int(pairs[1].min()), int(pairs[1].max())]
         with engine.frame("rebuilt", frame) as (source, params):
             con.execute(
-                "DELETE FROM rank_blocks WHERE series_id = ? AND level = ?"
-                f" AND start BETWEEN ? AND ? AND start IN (SELECT start FROM {source})",
-                [sid, level, where["lo"], where["hi"], *params],
+                f"DELETE FROM rank_blocks USING {source} WHERE rank_blocks.level = ?"
+                " AND rank_blocks.series_id = rebuilt.series_id"
+                " AND rank_blocks.start = rebuilt.start"
+                " AND rank_blocks.series_id BETWEEN ? AND ? AND rank_blocks.start BETWEEN ? AND ?",
+                [*params, level, *span],
             )
+        with engine.frame("rebuilt", frame) as (source, params):
             if level == 1:
                 con.execute(
-                    f"INSERT INTO rank_blocks SELECT ?, 1, step // {BASE} * {BASE} AS s, rank,"
-                    f" {POINT_SUMS} FROM rank_points WHERE series_id = ?"
-                    f" AND step BETWEEN ? AND ? + {BASE - 1}"
-                    f" AND step // {BASE} * {BASE} IN (SELECT start FROM {source})"
-                    " GROUP BY s, rank",
-                    [sid, sid, where["lo"], where["hi"], *params],
+                    f"INSERT INTO rank_blocks SELECT p.series_id, 1, p.start, p.rank, {POINT_SUMS}"
+                    f" FROM (SELECT r.*, rebuilt.start FROM rank_points r JOIN {source}"
+                    f" ON r.series_id = rebuilt.series_id AND r.step // {BASE} * {BASE} ="
+                    " rebuilt.start WHERE r.series_id BETWEEN ? AND ?"
+                    f" AND r.step BETWEEN ? AND ? + {BASE - 1}) p"
+                    " GROUP BY p.series_id, p.start, p.rank",
+                    [*params, *span],
                 )
             else:
                 con.execute(
-                    f"INSERT INTO rank_blocks SELECT ?, ?, start // {size} * {size} AS s, rank,"
-                    f" {BLOCK_SUMS} FROM rank_blocks WHERE series_id = ? AND level = ?"
-                    f" AND start BETWEEN ? AND ? + {size - 1}"
-                    f" AND start // {size} * {size} IN (SELECT start FROM {source})"
-                    " GROUP BY s, rank",
-                    [sid, level, sid, level - 1, where["lo"], where["hi"], *params],
+                    f"INSERT INTO rank_blocks SELECT p.series_id, {level}, p.parent, p.rank,"
+                    f" {BLOCK_SUMS} FROM (SELECT c.*, rebuilt.start AS parent FROM rank_blocks c"
+                    f" JOIN {source} ON c.series_id = rebuilt.series_id"
+                    f" AND c.start // {size} * {size} = rebuilt.start WHERE c.level = {level - 1}"
+                    f" AND c.series_id BETWEEN ? AND ? AND c.start BETWEEN ? AND ? + {size - 1}) p"
+                    " GROUP BY p.series_id, p.parent, p.rank",
+                    [*params, *span],
                 )
-    with engine.frame("rebuilt", {"start": np.array(starts, dtype=np.int64)}) as (source, params):
+    frame = {"series_id": sids, "start": level_one}
+    with engine.frame("rebuilt", frame) as (source, params):
         con.execute(
-            "DELETE FROM stale_blocks WHERE series_id = ?"
-            f" AND start IN (SELECT start FROM {source})",
-            [sid, *params],
+            f"DELETE FROM stale_blocks USING {source}"
+            " WHERE stale_blocks.series_id = rebuilt.series_id"
+            " AND stale_blocks.start = rebuilt.start",
+            params,
         )
 
 

@@ -58,7 +58,7 @@ WHERE NOT EXISTS (SELECT 1 FROM step_stats) AND NOT EXISTS (SELECT 1 FROM stale_
 """
 
 REFRESH_CHUNK = 4096  # stale steps recomputed per unit of background work
-BLOCK_CHUNK = 1024  # stale level-1 blocks rebuilt per unit of background work
+BLOCK_CHUNK = 4096  # stale level-1 blocks rebuilt per unit of background work
 FRESH_MIN_POINTS = 64  # a unit writing fewer points of a series leaves its new steps stale
 _POINT_NAMES = ("series_id", "step", "rank", "world_size", "local_rank", "value", "weight", "ts")
 
@@ -69,7 +69,7 @@ class _Staged:
         self.scalars: dict[tuple[int, int], ScalarPoint] = {}
         self.refresh: set[int] = set()
         self.maintain: tuple[int, list[int]] | None = None
-        self.maintain_blocks: tuple[int, list[int]] | None = None
+        self.maintain_blocks: dict[int, list[int]] | None = None
         # Filled by flush, for committed():
         self.frames: list[dict[str, np.ndarray]] = []
         self.last_step: dict[int, int] = {}
@@ -124,16 +124,23 @@ class DuckDBPoints:
             sid, steps = next(iter(self._stale.items()))
             self._staged.maintain = (sid, sorted(steps)[:REFRESH_CHUNK])
             return True
-        if self._dirty:
-            sid, starts = next(iter(self._dirty.items()))
-            self._staged.maintain_blocks = (sid, sorted(starts)[:BLOCK_CHUNK])
-            return sum(map(len, self._dirty.values())) > len(self._staged.maintain_blocks[1])
+        if self._dirty:  # of every series at once, up to a chunk
+            chosen: dict[int, list[int]] = {}
+            room = BLOCK_CHUNK
+            for sid, starts in self._dirty.items():
+                chosen[sid] = sorted(starts)[:room]
+                room -= len(chosen[sid])
+                if room <= 0:
+                    break
+            self._staged.maintain_blocks = chosen
+            return sum(map(len, self._dirty.values())) > BLOCK_CHUNK - room
         return False
 
     def backlog(self) -> int:
-        """Steps whose aggregates are behind (a stale level-1 block counts its steps)."""
+        """Background work waiting: stale steps, and stale level-1 blocks (a block's
+        rebuild costs about what one step's recompute does)."""
         steps = sum(len(s) for s in self._stale.values())
-        return steps + blocks.BASE * sum(len(s) for s in self._dirty.values())
+        return steps + sum(len(s) for s in self._dirty.values())
 
     def needs_refresh(self, series_id: int) -> bool:
         return bool(self._stale.get(series_id)) or bool(self._dirty.get(series_id))
@@ -214,13 +221,12 @@ class DuckDBPoints:
             sid: self._dirty.get(sid, set()) | staged.dirty.get(sid, set())
             for sid in staged.refresh
         }
-        if staged.maintain_blocks is not None:
-            chosen, chunk = staged.maintain_blocks
-            dirty[chosen] = dirty.get(chosen, set()) | set(chunk)
-        for sid, starts in dirty.items():
-            if starts:
-                blocks.recompute(self._engine, sid, sorted(starts))
-                staged.rebuilt[sid] = starts
+        for sid, chunk in (staged.maintain_blocks or {}).items():
+            dirty[sid] = dirty.get(sid, set()) | set(chunk)
+        dirty = {sid: starts for sid, starts in dirty.items() if starts}
+        if dirty:
+            blocks.recompute(self._engine, {sid: sorted(s) for sid, s in dirty.items()})
+            staged.rebuilt.update(dirty)
 
     def committed(self) -> None:
         staged = self._staged
