@@ -123,14 +123,20 @@ def _from_blocks(
         pieces.add(bucket, steps[lo : hi + 1])
     whole = _Pieces()
     whole.add(0, steps)
-    cells = _read(cur, series_id, pieces, "rank, n, marks, total", _CELL_OF_POINT)
+    # Marks are read only where the range has some (most runs have none).
+    marked = bool(found.stats["nonfinite"].any())
+    cells = _read(
+        cur, series_id, pieces,
+        "rank, n, total, marks" if marked else "rank, n, total",
+        _CELL_OF_POINT + (_MARK_OF_POINT if marked else ""),
+    )  # fmt: skip
     rank = np.asarray(cells["rank"], dtype=np.int64)
     bucket = np.asarray(cells["b"], dtype=np.int64)
     width = int(bucket.max()) + 1 if len(bucket) else 1
     cell = rank * width + bucket
     size = (int(rank.max()) + 1 if len(rank) else 0) * width
     n = np.bincount(cell, weights=cells["n"], minlength=size)
-    marks = np.bincount(cell, weights=cells["marks"], minlength=size)
+    marks = np.bincount(cell, weights=cells["marks"], minlength=size) if marked else np.zeros(size)
     seen = np.flatnonzero((n > 0) | (marks > 0))
     with np.errstate(invalid="ignore", divide="ignore"):
         value = np.bincount(cell, weights=cells["total"], minlength=size)[seen] / n[seen]
@@ -147,9 +153,9 @@ def _from_blocks(
 # A point's cell columns (a point is a block of one step).
 _CELL_OF_POINT = (
     "rank, CASE WHEN isfinite(value) THEN 1 ELSE 0 END AS n,"
-    " CASE WHEN isfinite(value) THEN 0 ELSE 1 END AS marks,"
     " CASE WHEN isfinite(value) THEN value ELSE 0 END AS total"
 )
+_MARK_OF_POINT = ", CASE WHEN isfinite(value) THEN 0 ELSE 1 END AS marks"
 
 
 class _Pieces:
