@@ -21,8 +21,10 @@ class Model(pl.LightningModule):
 
     def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
         x, y = batch
-        if self.global_rank == SLOW_RANK:
-            time.sleep(0.03)  # a slower forward on one rank: a straggler
+        # A forward of ~10 ms on every rank (a tiny model's ~1 ms forward would make the
+        # ranks' medians differ by scheduling jitter alone on a loaded machine), 40 ms on
+        # one: a straggler.
+        time.sleep(0.04 if self.global_rank == SLOW_RANK else 0.01)
         loss = torch.nn.functional.mse_loss(self.layer(x), y)
         self.log("train_loss", loss)
         return loss

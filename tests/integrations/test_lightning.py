@@ -33,7 +33,7 @@ def test_every_rank_logs_into_one_run_and_the_slow_one_is_flagged(
     forward = api.get(f"/api/runs/{run_id}/stragglers", params={"key": "perf/forward_ms"}).json()
     assert forward["stragglers"] == [SLOW], forward
     worst = forward["ranks"][0]
-    assert worst["rank"] == SLOW and worst["score"] < 0.5  # 30 ms on top of a ~1 ms forward
+    assert worst["rank"] == SLOW and worst["score"] < 0.5  # 40 ms against ~10 ms
     # Rank 0 also logged the trainer's scalars and the hyperparameters, once.
     assert run["config"]["lr"] == 0.05 and run["config"]["hidden"] == 8
     keys = {k["key"]: k["kind"] for k in api.get(f"/api/runs/{run_id}/keys").json()["keys"]}
