@@ -22,14 +22,14 @@ from tests.summary.reference import Point, reference
 class Writer:
     """Writes Points into a fresh series, one unit per call, numbering writes in order."""
 
-    def __init__(self, stores: Stores) -> None:
+    def __init__(self, stores: Stores, run_id: str = "r") -> None:
         self.stores = stores
         org, _ = stores.tenancy.ensure_org("o")
         with stores.unit():
             from instantml.storage.records import RunSpec
 
-            stores.runs.create(RunSpec(org, "r", "p", None, {}, [], {}))
-            run = stores.runs.resolve(org, ["r"])["r"]
+            stores.runs.create(RunSpec(org, run_id, "p", None, {}, [], {}))
+            run = stores.runs.resolve(org, [run_id])[run_id]
             assert run is not None
             (self.sid,) = stores.runs.series_ids(run, RANK, ["loss"])
         self.seq = 0
@@ -146,18 +146,7 @@ def test_aggregates_equal_the_reference(open_stores: OpenStores, backend: str) -
     @given(batches=batches(), z=st.sampled_from([3.0, 0.5]))
     def check(batches: list[list[Point]], z: float) -> None:
         # Each example in series of its own run: the stores are shared between examples.
-        stores = open_stores()
-        writer = Writer.__new__(Writer)
-        writer.stores, writer.seq = stores, 0
-        org, _ = stores.tenancy.ensure_org("o")
-        run_id = f"r{np.random.default_rng().integers(1 << 60)}"
-        from instantml.storage.records import RunSpec
-
-        with stores.unit():
-            stores.runs.create(RunSpec(org, run_id, "p", None, {}, [], {}))
-            run = stores.runs.resolve(org, [run_id])[run_id]
-            assert run is not None
-            (writer.sid,) = stores.runs.series_ids(run, RANK, ["loss"])
+        writer = Writer(open_stores(), f"r{np.random.default_rng().integers(1 << 60)}")
         for batch in batches:  # a later batch may rewrite, fill in or precede earlier steps
             writer.write(batch)
         writes = [p for batch in batches for p in batch]
@@ -217,18 +206,7 @@ def test_summaries_over_any_range_equal_the_reference(
         max_points: int,
         heatmap_steps: int,
     ) -> None:
-        stores = open_stores()
-        writer = Writer.__new__(Writer)
-        writer.stores, writer.seq = stores, 0
-        org, _ = stores.tenancy.ensure_org("o")
-        run_id = f"r{np.random.default_rng().integers(1 << 60)}"
-        from instantml.storage.records import RunSpec
-
-        with stores.unit():
-            stores.runs.create(RunSpec(org, run_id, "p", None, {}, [], {}))
-            run = stores.runs.resolve(org, [run_id])[run_id]
-            assert run is not None
-            (writer.sid,) = stores.runs.series_ids(run, RANK, ["loss"])
+        writer = Writer(open_stores(), f"r{np.random.default_rng().integers(1 << 60)}")
         lo, hi = (None, None) if whole else (min(ends), max(ends))
         params = {"step_min": lo, "step_max": hi, "max_points": max_points,
                   "heatmap_steps": heatmap_steps, "outlier_limit": 10_000}  # fmt: skip
