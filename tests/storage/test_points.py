@@ -7,9 +7,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
+from instantml.server.responses import JSONResponse
 from instantml.storage.protocols import Stores
 from instantml.storage.records import RANK, RANK_COLUMNS, ScalarPoint
 from instantml.summary import SummaryParams
@@ -54,7 +56,8 @@ class Writer:
         with self.stores.unit():
             self.stores.points.refresh(self.sid)
         query = SummaryParams(**params)  # type: ignore[arg-type]
-        return assemble(self.stores.points.summary_rows(self.sid, query), query)
+        answer = assemble(self.stores.points.summary_rows(self.sid, query), query)
+        return orjson.loads(JSONResponse(answer).body)  # as the server sends it
 
 
 def test_the_latest_write_of_a_point_wins(open_stores: OpenStores) -> None:

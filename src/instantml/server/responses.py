@@ -1,4 +1,5 @@
-"""JSON responses rendered by orjson (fast, and refuses NaN by writing null)."""
+"""JSON responses rendered by orjson: fast, NaN and +-inf written as null, numpy arrays
+written as lists (a summary's heatmap grid goes out without a Python float per cell)."""
 
 from __future__ import annotations
 
@@ -12,4 +13,4 @@ class JSONResponse(Response):
     media_type = "application/json"
 
     def render(self, content: Any) -> bytes:
-        return orjson.dumps(content)
+        return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)

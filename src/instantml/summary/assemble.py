@@ -156,7 +156,9 @@ def _heatmap(
     steps: np.ndarray, first: int, size: int, cells: dict[str, np.ndarray]
 ) -> dict[str, Any]:
     """``values[i][j]``: rank ``ranks[i]``'s mean finite value in bucket j (None if none);
-    ``nonfinite``: the ``[i, j]`` cells where that rank sent a NaN or +-inf."""
+    ``nonfinite``: the ``[i, j]`` cells where that rank sent a NaN or +-inf. ``values`` is
+    a numpy grid, NaN where a cell is empty: the JSON renderer writes it as lists, NaN as
+    null, without a Python object per cell."""
     keys = (steps - first) // size
     starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
     ends = np.r_[starts[1:], len(steps)] - 1
@@ -170,6 +172,6 @@ def _heatmap(
     return {
         "ranks": ranks.tolist(),
         "buckets": np.column_stack([steps[starts], steps[ends]]).tolist(),
-        "values": [_floats(row) for row in grid],
+        "values": grid,
         "nonfinite": [list(c) for c in sorted(zip(rows[marked].tolist(), cols[marked].tolist()))],
     }
