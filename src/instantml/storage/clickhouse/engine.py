@@ -49,6 +49,13 @@ TABLES: dict[str, tuple[str, str]] = {
         " version UInt64",
         "series_id, step",
     ),
+    # Per-rank sums by block of steps (storage/blocks.py), for summaries flat in points.
+    "rank_blocks": (
+        "series_id UInt64, level UInt8, start Int64, rank Int16, n UInt32, marks UInt32,"
+        " total Float64, last_step Int64, sum_delta Float64, sum_abs_z Float64,"
+        " outliers UInt32, lr_step Int64, local_rank Int16, version UInt64",
+        "series_id, level, start, rank",
+    ),
     # A step's aggregates are behind its points while its newest mark says stale = 1.
     "stale_steps": ("series_id UInt64, step Int64, stale UInt8, version UInt64", "series_id, step"),
 }

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ...summary.step_stats import step_stats
+from .. import blocks as block_math
 from ..records import ScalarPoint, SummaryRows, latest_points
-from . import summary
+from . import blocks, summary
 from .engine import ChEngine
 
 if TYPE_CHECKING:
@@ -44,6 +45,15 @@ class ChPoints:
         self._engine = engine
         self._backlog = 0  # stale steps this process marked and has not seen refreshed
         engine.join(self)
+        # Points written before blocks existed: every step stale once, so its blocks are
+        # built by the refresh (a cheap check: count() of a MergeTree is metadata).
+        ((blocks_kept,),) = engine.rows(f"SELECT count() FROM {engine.table('rank_blocks')}")
+        if not blocks_kept:
+            with engine.guarded() as client:
+                client.command(
+                    f"INSERT INTO {engine.table('stale_steps')} SELECT DISTINCT series_id,"
+                    f" step, 1, {engine.version()} FROM {engine.table('rank_points')}"
+                )
 
     # ---- writes, in a unit ----
 
@@ -197,11 +207,12 @@ class ChPoints:
             return False
         engine = self._engine
         read_at = engine.version()  # before the read: anything written later stays stale
+        # Whole level-1 blocks: their rows are rebuilt from all their points.
         points = engine.query_np(
-            "SELECT step, rank, value, weight, world_size FROM"
+            "SELECT step, rank, value, weight, world_size, local_rank FROM"
             f" {engine.table('rank_points')} FINAL WHERE series_id = {{sid:UInt64}}"
             " AND step IN {steps:Array(Int64)}",
-            {"sid": sid, "steps": steps},
+            {"sid": sid, "steps": blocks.level_one_steps(steps)},
         )
         done = np.array(steps, dtype=np.int64)
         if len(points):
@@ -231,6 +242,11 @@ class ChPoints:
                     "version": np.full(len(delta), read_at, dtype=np.uint64),
                 },
             )
+            scored = {
+                "step": points["step"], "rank": points["rank"], "value": points["value"],
+                "delta": delta, "z": z, "robust_z": robust, "local_rank": points["local_rank"],
+            }  # fmt: skip
+            blocks.rebuild(engine, sid, block_math.of_points(scored), read_at)
         engine.insert(
             "stale_steps",
             {

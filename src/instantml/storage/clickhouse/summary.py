@@ -10,7 +10,9 @@ import numpy as np
 
 from ...summary import bucket_size
 from ...summary.params import ROBUST_Z_THRESHOLD
+from .. import blocks as block_math
 from ..records import SummaryRows
+from . import blocks
 from .engine import ChEngine
 
 if TYPE_CHECKING:
@@ -60,6 +62,47 @@ def rows(engine: ChEngine, series_id: int, params: SummaryParams) -> SummaryRows
     if len(steps) == 0:
         return found
     thresholds = {**where, "z": params.z, "rz": ROBUST_Z_THRESHOLD}
+    first = int(steps[0])
+    found.heat_size = bucket_size(first, int(steps[-1]), len(steps), params.heatmap_steps)
+    if params.z == block_math.DEFAULT_Z:
+        _from_blocks(engine, found, series_id, first)
+    else:  # the blocks keep outlier counts for the default z only: scan the points
+        _scanned(engine, found, where, thresholds, first)
+    found.outliers = [
+        (int(s), int(r), None if lr < 0 else int(lr), v, mean, d, z, rz)
+        for s, r, lr, v, mean, d, z, rz in engine.rows(
+            "SELECT o.step, o.rank, p.local_rank, p.value, st.mean, o.delta, o.z, o.robust_z"
+            f" FROM (SELECT step, rank, delta, z, robust_z FROM {scores} FINAL WHERE {in_range}"
+            " AND (abs(z) >= {z:Float64} OR abs(robust_z) >= {rz:Float64})"
+            " ORDER BY abs(robust_z) DESC, abs(z) DESC, step, rank LIMIT {limit:UInt32}) AS o"
+            f" INNER JOIN (SELECT step, rank, local_rank, value FROM {points} FINAL"
+            f" WHERE {in_range}) AS p ON o.step = p.step AND o.rank = p.rank"
+            f" INNER JOIN (SELECT step, mean FROM {stats_table} FINAL WHERE {in_range}) AS st"
+            " ON o.step = st.step"
+            " ORDER BY abs(o.robust_z) DESC, abs(o.z) DESC, o.step, o.rank",
+            {**thresholds, "limit": params.outlier_limit},
+        )
+    ]
+    if stats["nonfinite"].any():
+        step, rank, value = engine.rows(
+            f"SELECT step, rank, value FROM {points} FINAL WHERE {in_range}"
+            " AND NOT isFinite(value) ORDER BY step, rank LIMIT 1",
+            where,
+        )[0]
+        found.first_nonfinite = (int(step), int(rank), float(value))
+    return found
+
+
+def _scanned(
+    engine: ChEngine,
+    found: SummaryRows,
+    where: dict[str, Any],
+    thresholds: dict[str, Any],
+    first: int,
+) -> None:
+    """Rollup and heatmap cells from every point of the range (a non-default z)."""
+    points, scores = engine.table("rank_points"), engine.table("scores")
+    in_range = "series_id = {sid:UInt64} AND step BETWEEN {lo:Int64} AND {hi:Int64}"
     reports = engine.rows(
         "SELECT rank, countIf(isFinite(value)), max(step),"
         " argMaxIf(local_rank, step, local_rank >= 0), countIf(local_rank >= 0),"
@@ -82,23 +125,6 @@ def rows(engine: ChEngine, series_id: int, params: SummaryParams) -> SummaryRows
             (int(rank), int(reported), int(last), _none(delta), _none(abs_z), int(outliers),
              int(local) if has_local else None, int(nonfinite))
         )  # fmt: skip
-    found.outliers = [
-        (int(s), int(r), None if lr < 0 else int(lr), v, mean, d, z, rz)
-        for s, r, lr, v, mean, d, z, rz in engine.rows(
-            "SELECT o.step, o.rank, p.local_rank, p.value, st.mean, o.delta, o.z, o.robust_z"
-            f" FROM (SELECT step, rank, delta, z, robust_z FROM {scores} FINAL WHERE {in_range}"
-            " AND (abs(z) >= {z:Float64} OR abs(robust_z) >= {rz:Float64})"
-            " ORDER BY abs(robust_z) DESC, abs(z) DESC, step, rank LIMIT {limit:UInt32}) AS o"
-            f" INNER JOIN (SELECT step, rank, local_rank, value FROM {points} FINAL"
-            f" WHERE {in_range}) AS p ON o.step = p.step AND o.rank = p.rank"
-            f" INNER JOIN (SELECT step, mean FROM {stats_table} FINAL WHERE {in_range}) AS st"
-            " ON o.step = st.step"
-            " ORDER BY abs(o.robust_z) DESC, abs(o.z) DESC, o.step, o.rank",
-            {**thresholds, "limit": params.outlier_limit},
-        )
-    ]
-    first = int(steps[0])
-    found.heat_size = bucket_size(first, int(steps[-1]), len(steps), params.heatmap_steps)
     found.cells = _columns(
         engine,
         "SELECT rank, intDiv(step - {first:Int64}, {size:Int64}) AS b,"
@@ -109,14 +135,51 @@ def rows(engine: ChEngine, series_id: int, params: SummaryParams) -> SummaryRows
     )
     found.cells["rank"] = found.cells["rank"].astype(np.int64)
     found.cells["b"] = found.cells["b"].astype(np.int64)
-    if stats["nonfinite"].any():
-        step, rank, value = engine.rows(
-            f"SELECT step, rank, value FROM {points} FINAL WHERE {in_range}"
-            " AND NOT isFinite(value) ORDER BY step, rank LIMIT 1",
-            where,
-        )[0]
-        found.first_nonfinite = (int(step), int(rank), float(value))
-    return found
+
+
+def _from_blocks(engine: ChEngine, found: SummaryRows, series_id: int, first: int) -> None:
+    """Heatmap cells and the rollup as sums of block rows and the few single steps at
+    the covers' edges (see the DuckDB store's twin)."""
+    steps = found.stats["step"]
+    pieces = block_math.buckets(steps, first, found.heat_size)
+    rows, group = blocks.read(engine, series_id, pieces, ("rank", "n", "marks", "total"))
+    singles = _singles(engine, series_id, pieces)
+    found.cells = block_math.cells(
+        {name: np.concatenate([rows[name], singles[name]]) for name in rows},
+        np.concatenate([group, singles["b"]]),
+    )
+    whole = block_math.whole(steps)
+    rows, _ = blocks.read(engine, series_id, whole, block_math.FIELDS)
+    found.rollup = block_math.rollup(
+        block_math.concat([blocks.as_rows(rows), _singles(engine, series_id, whole)])
+    )
+
+
+def _singles(engine: ChEngine, series_id: int, pieces: block_math.Pieces) -> block_math.Rows:
+    """The pieces' single steps' points, scored, as rows of one step (with ``b``)."""
+    listed = pieces.singles()
+    if not len(listed["step"]):
+        rows = block_math.of_points({
+            name: np.empty(0) for name in ("rank", "step", "value", "delta", "z", "robust_z", "local_rank")
+        })  # fmt: skip
+        rows["b"] = np.empty(0, dtype=np.int64)
+        return rows
+    found = engine.query_np(
+        "SELECT p.step, p.rank, p.value, p.local_rank, s.delta, s.z, s.robust_z FROM"
+        f" (SELECT step, rank, value, local_rank FROM {engine.table('rank_points')} FINAL"
+        " WHERE series_id = {sid:UInt64} AND step IN {steps:Array(Int64)}) AS p"
+        f" LEFT JOIN (SELECT step, rank, delta, z, robust_z FROM {engine.table('scores')} FINAL"
+        " WHERE series_id = {sid:UInt64} AND step IN {steps:Array(Int64)}) AS s"
+        " ON p.step = s.step AND p.rank = s.rank",
+        {"sid": series_id, "steps": listed["step"].tolist()},
+    )
+    columns = {name: np.asarray(found[name]) if len(found) else np.empty(0)
+               for name in ("step", "rank", "value", "local_rank", "delta", "z", "robust_z")}  # fmt: skip
+    rows = block_math.of_points(columns)
+    rows["b"] = listed["b"][
+        np.searchsorted(listed["step"], columns["step"].astype(np.int64))
+    ].astype(np.int64)
+    return rows
 
 
 def window_medians(

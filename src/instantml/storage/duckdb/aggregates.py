@@ -10,7 +10,7 @@ import numpy as np
 
 from ...summary.params import ROBUST_Z_THRESHOLD
 from ...summary.step_stats import step_stats
-from .blocks import DEFAULT_Z
+from ..blocks import DEFAULT_Z
 from .engine import Engine
 
 STATS_COLUMNS = (

@@ -1,13 +1,5 @@
-"""Per-rank aggregates by block of steps, at several resolutions, so that a summary's
-heatmap, per-rank rollup and outlier count cost what its resolution costs, not what the
-run's length does.
-
-A level-k block is the 4**k steps ``[start, start + 4**k)`` with ``start`` a multiple of
-4**k (k = 1 .. LEVELS); its row per rank holds the sums and extremes of that rank's points
-in it: finite values (count and sum), non-finite marks, the last step, the sums of deltas
-and |z|, the outlier rows at the default thresholds, the latest local rank. Level 0 is
-the points themselves. Any step interval is covered exactly by a few blocks per level
-(``cover``), so a heatmap cell or a rollup sum is a sum of a few rows per rank.
+"""Block rows in DuckDB (what a block is: :mod:`instantml.storage.blocks`), one row per
+(series, level, start, rank), built and combined in SQL.
 
 Blocks are derived data: a write marks the level-1 blocks of the steps it touched
 (``stale_blocks``, in the same unit as the points), and ``recompute`` rebuilds those and
@@ -20,12 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...summary.params import ROBUST_Z_THRESHOLD, SummaryParams
+from ..blocks import BASE, DEFAULT_Z, LEVELS, RZ
 from .engine import Engine
-
-BASE = 4
-LEVELS = 8  # blocks of 4, 16, ..., 65,536 steps
-DEFAULT_Z = SummaryParams().z  # the z the outlier counts of blocks are kept for
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS rank_blocks (
@@ -45,8 +33,7 @@ CREATE TABLE IF NOT EXISTS outlier_rows (
 # (A score is NULL in rank_points and NaN in a staged frame where it has none; DuckDB
 # orders NaN above every number, so a NaN must not pass the threshold.)
 IS_OUTLIER = (
-    f"((isfinite(z) AND abs(z) >= {DEFAULT_Z})"
-    f" OR (isfinite(robust_z) AND abs(robust_z) >= {ROBUST_Z_THRESHOLD}))"
+    f"((isfinite(z) AND abs(z) >= {DEFAULT_Z}) OR (isfinite(robust_z) AND abs(robust_z) >= {RZ}))"
 )
 POINT_SUMS = (
     "count(*) FILTER (WHERE isfinite(value)), count(*) FILTER (WHERE NOT isfinite(value)),"
@@ -89,11 +76,6 @@ def create(engine: Engine) -> None:
             "INSERT INTO outlier_rows SELECT series_id, step, rank, local_rank, value, delta,"
             f" z, robust_z FROM rank_points WHERE {IS_OUTLIER}"
         )
-
-
-def level_one(steps: np.ndarray) -> np.ndarray:
-    """The level-1 blocks (their starts) these steps are in."""
-    return np.unique(steps // BASE * BASE)
 
 
 def recompute(engine: Engine, stale: dict[int, list[int]]) -> None:
@@ -144,27 +126,3 @@ def recompute(engine: Engine, stale: dict[int, list[int]]) -> None:
             " AND stale_blocks.start = rebuilt.start",
             params,
         )
-
-
-def cover(first: int, last: int) -> tuple[list[tuple[int, int]], list[int]]:
-    """The steps ``[first, last]`` as the fewest aligned blocks: ``(level, start)`` pairs
-    and single steps (level 0). Greedy from the left: the largest block that starts here
-    and ends within the interval."""
-    blocks: list[tuple[int, int]] = []
-    steps: list[int] = []
-    at = first
-    while at <= last:
-        level = 0
-        while (
-            level < LEVELS
-            and at % BASE ** (level + 1) == 0
-            and at + BASE ** (level + 1) - 1 <= last
-        ):
-            level += 1
-        if level == 0:
-            steps.append(at)
-            at += 1
-        else:
-            blocks.append((level, at))
-            at += BASE**level
-    return blocks, steps

@@ -23,6 +23,7 @@ import numpy as np
 
 from ...summary.params import ROBUST_Z_THRESHOLD
 from ...summary.step_stats import step_stats
+from .. import blocks as block_math
 from ..records import ScalarPoint, SummaryRows, latest_points
 from . import aggregates, blocks, summary
 from .engine import Engine
@@ -304,7 +305,7 @@ class DuckDBPoints:
         few per batch: selected here, so the batch is not scanned again)."""
         with np.errstate(invalid="ignore"):
             chosen = np.flatnonzero(
-                (np.abs(frame["z"]) >= blocks.DEFAULT_Z)
+                (np.abs(frame["z"]) >= block_math.DEFAULT_Z)
                 | (np.abs(frame["robust_z"]) >= ROBUST_Z_THRESHOLD)
             )
         if not len(chosen):
@@ -323,7 +324,7 @@ class DuckDBPoints:
         sids, steps = frame["series_id"], frame["step"]
         new: dict[int, set[int]] = {}
         for sid in np.unique(sids).tolist():
-            starts = set(blocks.level_one(steps[sids == sid]).tolist())
+            starts = set(block_math.level_one(steps[sids == sid]).tolist())
             starts -= self._dirty.get(sid, set()) | staged.dirty.get(sid, set())
             if starts:
                 new[sid] = starts

@@ -14,6 +14,7 @@ import numpy as np
 
 from ...summary import bucket_size
 from ...summary.params import ROBUST_Z_THRESHOLD
+from .. import blocks as block_math
 from ..records import SummaryRows
 from . import blocks
 
@@ -45,13 +46,13 @@ def rows(cur: duckdb.DuckDBPyConnection, series_id: int, params: SummaryParams) 
             return found
         first = int(steps[0])
         found.heat_size = bucket_size(first, int(steps[-1]), len(steps), params.heatmap_steps)
-        if params.z == blocks.DEFAULT_Z:
+        if params.z == block_math.DEFAULT_Z:
             _from_blocks(cur, found, series_id, first)
         else:  # the blocks keep outlier counts for the default z only: scan the points
             _scanned(cur, found, where, scores, first)
         found.outliers = cur.execute(
             f"WITH o AS (SELECT step, rank, local_rank, value, delta, z, robust_z"
-            f" FROM {'outlier_rows' if params.z == blocks.DEFAULT_Z else 'rank_points'}"
+            f" FROM {'outlier_rows' if params.z == block_math.DEFAULT_Z else 'rank_points'}"
             " WHERE series_id = $sid AND step BETWEEN $lo AND $hi"
             " AND (abs(z) >= $z OR abs(robust_z) >= $rz)"
             " ORDER BY abs(robust_z) DESC, abs(z) DESC, step, rank LIMIT $limit)"
@@ -115,39 +116,17 @@ def _from_blocks(
     rollup, by the same cover of the whole range. The rows read grow with the buckets, the
     ranks and the levels, not with the points."""
     steps = found.stats["step"]
-    keys = (steps - first) // found.heat_size
-    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
-    ends = np.r_[starts[1:], len(steps)] - 1
-    pieces = _Pieces()
-    for bucket, lo, hi in zip(keys[starts].tolist(), starts.tolist(), ends.tolist()):
-        pieces.add(bucket, steps[lo : hi + 1])
-    whole = _Pieces()
-    whole.add(0, steps)
     # Marks are read only where the range has some (most runs have none).
     marked = bool(found.stats["nonfinite"].any())
     cells = _read(
-        cur, series_id, pieces,
+        cur, series_id, block_math.buckets(steps, first, found.heat_size),
         "rank, n, total, marks" if marked else "rank, n, total",
         _CELL_OF_POINT + (_MARK_OF_POINT if marked else ""),
     )  # fmt: skip
-    rank = np.asarray(cells["rank"], dtype=np.int64)
-    bucket = np.asarray(cells["b"], dtype=np.int64)
-    width = int(bucket.max()) + 1 if len(bucket) else 1
-    cell = rank * width + bucket
-    size = (int(rank.max()) + 1 if len(rank) else 0) * width
-    n = np.bincount(cell, weights=cells["n"], minlength=size)
-    marks = np.bincount(cell, weights=cells["marks"], minlength=size) if marked else np.zeros(size)
-    seen = np.flatnonzero((n > 0) | (marks > 0))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        value = np.bincount(cell, weights=cells["total"], minlength=size)[seen] / n[seen]
-    value[n[seen] == 0] = np.nan
-    found.cells = {
-        "rank": seen // width,
-        "b": seen % width,
-        "v": value,
-        "marks": marks[seen].astype(np.int64),
-    }
-    found.rollup = _read_rollup(cur, series_id, whole)
+    if not marked:
+        cells["marks"] = np.zeros(len(cells["rank"]), dtype=np.int64)
+    found.cells = block_math.cells(cells, cells["b"])
+    found.rollup = _read_rollup(cur, series_id, block_math.whole(steps))
 
 
 # A point's cell columns (a point is a block of one step).
@@ -158,49 +137,10 @@ _CELL_OF_POINT = (
 _MARK_OF_POINT = ", CASE WHEN isfinite(value) THEN 0 ELSE 1 END AS marks"
 
 
-class _Pieces:
-    """Step intervals (one per bucket) as aligned blocks and single steps."""
-
-    def __init__(self) -> None:
-        self.levels: list[int] = []
-        self.starts: list[int] = []
-        self.block_bucket: list[int] = []
-        self.steps: list[int] = []
-        self.step_bucket: list[int] = []
-
-    def add(self, bucket: int, present: np.ndarray) -> None:
-        lo, hi = int(present[0]), int(present[-1])
-        if (hi - lo + 1) // blocks.BASE**blocks.LEVELS > len(present):
-            # So sparse that its points are fewer than its blocks would be: the points.
-            self.steps += present.tolist()
-            self.step_bucket += [bucket] * len(present)
-            return
-        covered, single = blocks.cover(lo, hi)
-        for level, start in covered:
-            self.levels.append(level)
-            self.starts.append(start)
-            self.block_bucket.append(bucket)
-        self.steps += single
-        self.step_bucket += [bucket] * len(single)
-
-    def frames(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-        return (
-            {
-                "level": np.array(self.levels, dtype=np.int8),
-                "start": np.array(self.starts, dtype=np.int64),
-                "b": np.array(self.block_bucket, dtype=np.int32),
-            },
-            {
-                "step": np.array(self.steps, dtype=np.int64),
-                "b": np.array(self.step_bucket, dtype=np.int32),
-            },
-        )
-
-
 def _read(
     cur: duckdb.DuckDBPyConnection,
     series_id: int,
-    pieces: _Pieces,
+    pieces: block_math.Pieces,
     columns: str,
     of_point: str,
     then: str = "",
@@ -208,9 +148,8 @@ def _read(
     """The block rows and the points of these pieces (``columns`` of rank_blocks, a point
     projected by ``of_point``), each with its bucket ``b``; ``then`` wraps the union (an
     aggregate over ``u``)."""
-    block_frame, step_frame = pieces.frames()
-    cur.register("pieces", block_frame)
-    cur.register("singles", step_frame)
+    cur.register("pieces", pieces.blocks())
+    cur.register("singles", pieces.singles())
     try:
         union = (
             f"SELECT p.b, {', '.join('r.' + c.strip() for c in columns.split(','))}"
@@ -227,7 +166,7 @@ def _read(
 
 
 def _read_rollup(
-    cur: duckdb.DuckDBPyConnection, series_id: int, whole: _Pieces
+    cur: duckdb.DuckDBPyConnection, series_id: int, whole: block_math.Pieces
 ) -> list[tuple[object, ...]]:
     """Per rank over the whole range (its cover: a few blocks per level)."""
     rows = _read(

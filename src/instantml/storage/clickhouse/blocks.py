@@ -1,0 +1,115 @@
+"""Block rows in ClickHouse (what a block is: :mod:`instantml.storage.blocks`): insert-only
+rows per (series, level, start, rank), the newest version of each read with ``FINAL``.
+
+A step refresh recomputes whole level-1 blocks (it reads every point of the blocks its
+steps are in), writes them, then each ancestor from its children, level by level. Each
+level's rows carry the version taken *before* reading what they are computed from; a
+refresh inserts its children before reading them for the parent, so of two processes
+refreshing blocks under one parent at once, the one that read later saw both children,
+and its parent wins whichever finishes last (the same rule as the step rows).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .. import blocks
+from ..blocks import BASE, LEVELS
+from .engine import ChEngine
+
+_FIELDS = ", ".join(blocks.FIELDS)
+_TYPES = {
+    "rank": np.int16, "n": np.uint32, "marks": np.uint32, "total": np.float64,
+    "last_step": np.int64, "sum_delta": np.float64, "sum_abs_z": np.float64,
+    "outliers": np.uint32, "lr_step": np.int64, "local_rank": np.int16,
+}  # fmt: skip
+
+
+def level_one_steps(steps: list[int]) -> list[int]:
+    """Every step of the level-1 blocks these steps are in."""
+    starts = blocks.level_one(np.asarray(steps, dtype=np.int64))
+    return (starts[:, None] + np.arange(BASE)).ravel().tolist()
+
+
+def rebuild(engine: ChEngine, sid: int, points: blocks.Rows, version: int) -> None:
+    """Write the level-1 blocks of these points (every point of those blocks, scored) and
+    recompute their ancestors."""
+    group, rows = blocks.combine(points["last_step"] // BASE * BASE, points)
+    _insert(engine, sid, 1, group, rows, version)
+    starts = np.unique(group)
+    for level in range(2, LEVELS + 1):
+        size = BASE**level
+        starts = np.unique(starts // size * size)
+        version = engine.version()  # before reading the children
+        children = engine.query_np(
+            f"SELECT start, {_FIELDS} FROM {engine.table('rank_blocks')} FINAL"
+            " WHERE series_id = {sid:UInt64} AND level = {level:UInt8}"
+            " AND start BETWEEN {lo:Int64} AND {hi:Int64}"
+            " AND intDiv(start, {size:Int64}) * {size:Int64} IN {starts:Array(Int64)}",
+            {
+                "sid": sid, "level": level - 1, "lo": int(starts[0]),
+                "hi": int(starts[-1]) + size - 1, "size": size, "starts": starts.tolist(),
+            },
+        )  # fmt: skip
+        if not len(children):
+            return
+        found = as_rows(children)
+        group, rows = blocks.combine(children["start"].astype(np.int64) // size * size, found)
+        _insert(engine, sid, level, group, rows, version)
+
+
+def read(
+    engine: ChEngine, sid: int, pieces: blocks.Pieces, fields: tuple[str, ...]
+) -> tuple[blocks.Rows, np.ndarray]:
+    """The rows (``fields``) of the pieces' blocks, and each row's group."""
+    listed = pieces.blocks()
+    if not len(listed["start"]):
+        return {name: np.empty(0) for name in fields}, np.empty(0, dtype=np.int64)
+    # The pieces' (level, start) pairs, as a literal set (numbers this code made): the
+    # primary key (series_id, level, start, rank) finds their granules.
+    pairs = ",".join(
+        f"({level},{start})"
+        for level, start in zip(listed["level"].tolist(), listed["start"].tolist())
+    )
+    found = engine.query_np(
+        f"SELECT level, start, {', '.join(fields)} FROM {engine.table('rank_blocks')} FINAL"
+        f" WHERE series_id = {{sid:UInt64}} AND (level, start) IN ({pairs})",
+        {"sid": sid},
+    )
+    if not len(found):
+        return {name: np.empty(0) for name in fields}, np.empty(0, dtype=np.int64)
+    key = listed["start"] * 16 + listed["level"]
+    order = np.argsort(key)
+    at = np.searchsorted(
+        key[order], found["start"].astype(np.int64) * 16 + found["level"].astype(np.int64)
+    )
+    group = listed["b"][order][at].astype(np.int64)
+    return {name: np.asarray(found[name]) for name in fields}, group
+
+
+def as_rows(found: Any) -> blocks.Rows:
+    """Fetched block columns (a record array or a dict of them) as Rows."""
+    return {
+        name: found[name].astype(
+            np.float64 if name in ("total", "sum_delta", "sum_abs_z") else np.int64
+        )
+        for name in blocks.FIELDS
+    }
+
+
+def _insert(
+    engine: ChEngine, sid: int, level: int, group: np.ndarray, rows: blocks.Rows, version: int
+) -> None:
+    n = len(group)
+    engine.insert(
+        "rank_blocks",
+        {
+            "series_id": np.full(n, sid, dtype=np.uint64),
+            "level": np.full(n, level, dtype=np.uint8),
+            "start": group.astype(np.int64),
+            **{name: rows[name].astype(_TYPES[name]) for name in blocks.FIELDS},
+            "version": np.full(n, version, dtype=np.uint64),
+        },
+    )
