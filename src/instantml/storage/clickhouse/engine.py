@@ -56,6 +56,13 @@ TABLES: dict[str, tuple[str, str]] = {
         " outliers UInt32, lr_step Int64, local_rank Int16, version UInt64",
         "series_id, level, start, rank",
     ),
+    # The points that were outliers at the default thresholds when their step was last
+    # refreshed: a row is current while the point's scores carry the same version.
+    "outlier_rows": (
+        "series_id UInt64, step Int64, rank Int16, local_rank Int16, value Float64,"
+        " delta Float64, z Float64, robust_z Float64, version UInt64",
+        "series_id, step, rank",
+    ),
     # A step's aggregates are behind its points while its newest mark says stale = 1.
     "stale_steps": ("series_id UInt64, step Int64, stale UInt8, version UInt64", "series_id, step"),
 }

@@ -48,7 +48,7 @@ class ChPoints:
         # Points written before blocks existed: every step stale once, so its blocks are
         # built by the refresh (a cheap check: count() of a MergeTree is metadata).
         ((blocks_kept,),) = engine.rows(f"SELECT count() FROM {engine.table('rank_blocks')}")
-        if not blocks_kept:
+        if not blocks_kept:  # (their outlier rows come with the refresh)
             with engine.guarded() as client:
                 client.command(
                     f"INSERT INTO {engine.table('stale_steps')} SELECT DISTINCT series_id,"
@@ -246,7 +246,29 @@ class ChPoints:
                 "step": points["step"], "rank": points["rank"], "value": points["value"],
                 "delta": delta, "z": z, "robust_z": robust, "local_rank": points["local_rank"],
             }  # fmt: skip
-            blocks.rebuild(engine, sid, block_math.of_points(scored), read_at)
+            rows = block_math.of_points(scored)
+            blocks.rebuild(engine, sid, rows, read_at)
+            chosen = np.flatnonzero(rows["outliers"] > 0)
+            if len(chosen):
+                engine.insert(
+                    "outlier_rows",
+                    {
+                        "series_id": np.full(len(chosen), sid, dtype=np.uint64),
+                        **{
+                            name: np.asarray(scored[name])[chosen]
+                            for name in (
+                                "step",
+                                "rank",
+                                "local_rank",
+                                "value",
+                                "delta",
+                                "z",
+                                "robust_z",
+                            )
+                        },
+                        "version": np.full(len(chosen), read_at, dtype=np.uint64),
+                    },
+                )
         engine.insert(
             "stale_steps",
             {

@@ -68,15 +68,33 @@ def rows(engine: ChEngine, series_id: int, params: SummaryParams) -> SummaryRows
         _from_blocks(engine, found, series_id, first)
     else:  # the blocks keep outlier counts for the default z only: scan the points
         _scanned(engine, found, where, thresholds, first)
+    if params.z == block_math.DEFAULT_Z:
+        # The kept rows, each still current if the point's scores have its version (a
+        # later refresh that found it no outlier wrote newer scores, and no row).
+        candidates = (
+            f"SELECT o.step AS step, o.rank AS rank, o.local_rank AS local_rank, o.value AS value,"
+            " o.delta AS delta, o.z AS z, o.robust_z AS robust_z FROM"
+            f" (SELECT * FROM {engine.table('outlier_rows')} FINAL WHERE {in_range}) AS o"
+            f" INNER JOIN (SELECT step, rank, version FROM {scores} FINAL WHERE {in_range}"
+            f" AND (step, rank) IN (SELECT step, rank FROM {engine.table('outlier_rows')}"
+            f" WHERE {in_range})) AS s"
+            " ON o.step = s.step AND o.rank = s.rank AND o.version = s.version"
+        )
+    else:
+        candidates = (
+            "SELECT p.step AS step, p.rank AS rank, p.local_rank AS local_rank,"
+            " p.value AS value, o.delta AS delta, o.z AS z, o.robust_z AS robust_z FROM"
+            f" (SELECT step, rank, delta, z, robust_z FROM {scores} FINAL WHERE {in_range}"
+            " AND (abs(z) >= {z:Float64} OR abs(robust_z) >= {rz:Float64})) AS o"
+            f" INNER JOIN (SELECT step, rank, local_rank, value FROM {points} FINAL"
+            f" WHERE {in_range}) AS p ON o.step = p.step AND o.rank = p.rank"
+        )
     found.outliers = [
         (int(s), int(r), None if lr < 0 else int(lr), v, mean, d, z, rz)
         for s, r, lr, v, mean, d, z, rz in engine.rows(
-            "SELECT o.step, o.rank, p.local_rank, p.value, st.mean, o.delta, o.z, o.robust_z"
-            f" FROM (SELECT step, rank, delta, z, robust_z FROM {scores} FINAL WHERE {in_range}"
-            " AND (abs(z) >= {z:Float64} OR abs(robust_z) >= {rz:Float64})"
+            "SELECT o.step, o.rank, o.local_rank, o.value, st.mean, o.delta, o.z, o.robust_z"
+            f" FROM (SELECT * FROM ({candidates})"
             " ORDER BY abs(robust_z) DESC, abs(z) DESC, step, rank LIMIT {limit:UInt32}) AS o"
-            f" INNER JOIN (SELECT step, rank, local_rank, value FROM {points} FINAL"
-            f" WHERE {in_range}) AS p ON o.step = p.step AND o.rank = p.rank"
             f" INNER JOIN (SELECT step, mean FROM {stats_table} FINAL WHERE {in_range}) AS st"
             " ON o.step = st.step"
             " ORDER BY abs(o.robust_z) DESC, abs(o.z) DESC, o.step, o.rank",
