@@ -137,6 +137,31 @@ def step(value: Any, field: str = "step") -> int:
     return number
 
 
+EXACT_FLOAT_STEP = 2**53  # every integer below it is a float64 exactly
+
+
+def scalar_step(value: Any, field: str = "step") -> int | float:
+    """A scalar metric's step: any finite number >= 0 (DESIGN.md "Types"; the public SDK's
+    upload health scalars are logged at step = unix time, ``1764547200.25``). An integral
+    value is an int. Stored as a float64, so an integer step must be below 2**53 to be kept
+    exactly, and a larger one is refused rather than rounded."""
+    if type(value) is not int and not _is_number(value):
+        value = _unwrap(value)
+        if not _is_number(value):
+            raise TypeError(f"{field} must be a number, got {type(value).__name__}")
+    as_float = float(value)
+    if not math.isfinite(as_float):
+        raise ValueError(f"{field} must be finite")
+    if as_float < 0:
+        raise ValueError(f"{field} must be >= 0, got {value}")
+    if not as_float.is_integer():
+        return as_float
+    number = int(value) if type(value) is int else int(as_float)
+    if number >= EXACT_FLOAT_STEP:
+        raise ValueError(f"{field} of a scalar metric must be < 2**53 (kept exactly), got {number}")
+    return number
+
+
 def _int(value: Any, field: str) -> int:
     # JSON integers only: strings, bools and floats are refused (the contract says so).
     if type(value) is int:

@@ -56,6 +56,26 @@ def test_scalar_metrics_and_public_sdk_extras(api: httpx.Client, run_id: str) ->
     assert {k["key"]: k["kind"] for k in stored_keys(api, run_id)} == {"eval/accuracy": "scalar"}
 
 
+def test_a_scalar_step_is_any_finite_number_kept_exactly(api: httpx.Client, run_id: str) -> None:
+    # The public SDK's async uploader reports its health at step = unix time.
+    health = "system/instantml/upload_lag_seconds"
+    for step, value in ((1764547200.25, 0.5), (1764547205.125, 0.0), (2, 0.25)):
+        response = api.post(
+            f"/runs/{run_id}/metrics", json={"metrics": {health: value}, "step": step}
+        )
+        assert response.json() == {"accepted": 1}, response.text
+    api.post(f"/runs/{run_id}/metrics", json={"metrics": {"eval/loss": 1.5}, "step": 0.5})
+    api.post(f"/runs/{run_id}/metrics", json={"metrics": {"eval/loss": 1.0}, "step": 7})
+    series = api.get(f"/api/runs/{run_id}/metrics", params={"metric": health}).json()
+    assert series["points"] == [[2, 0.25], [1764547200.25, 0.5], [1764547205.125, 0.0]]
+    eval_loss = api.get(f"/api/runs/{run_id}/metrics", params={"metric": "eval/loss"}).json()
+    assert eval_loss["points"] == [[0.5, 1.5], [7, 1.0]]
+    keys = {k["key"]: k["last_step"] for k in stored_keys(api, run_id)}
+    assert keys == {health: 1764547205.125, "eval/loss": 7}
+    # The run's last step follows its training steps, not the health series' unix times.
+    assert api.get(f"/runs/{run_id}").json()["run"]["last_step"] == 7
+
+
 def test_attributes_are_kept(api: httpx.Client, run_id: str) -> None:
     attrs = {
         "attributes": [

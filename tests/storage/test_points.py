@@ -5,13 +5,17 @@ the server answers with."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
+import duckdb
 import numpy as np
 import orjson
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from instantml.server.responses import JSONResponse
+from instantml.storage import open_stores as _open_stores
 from instantml.storage.protocols import Stores
 from instantml.storage.records import RANK, RANK_COLUMNS, ScalarPoint
 from instantml.summary import SummaryParams
@@ -253,3 +257,43 @@ def test_summaries_over_any_range_equal_the_reference(
             assert_matches(writer.summary(**params), reference(writes, **params), 40.0)
 
     check()
+
+
+def test_integer_scalar_steps_of_an_earlier_store_are_kept(tmp_path: Path) -> None:
+    # Before fractional scalar steps, scalar_points.step was BIGINT (DuckDB) or Int64
+    # (ClickHouse, table scalar_points): opening such a store keeps every point.
+    duck = tmp_path / "old.duckdb"
+    con = duckdb.connect(str(duck))
+    con.execute(
+        "CREATE TABLE scalar_points (series_id INTEGER NOT NULL, step BIGINT NOT NULL,"
+        " value DOUBLE NOT NULL, ts DOUBLE NOT NULL, preview BOOLEAN NOT NULL,"
+        " PRIMARY KEY (series_id, step))"
+    )
+    con.execute(
+        "INSERT INTO scalar_points VALUES (1, 3, 0.5, 0, false), (1, 9007199254740991, 2.0, 0, false)"
+    )
+    con.close()
+    ch = tmp_path / "old-ch"
+    pytest.importorskip("chdb")
+    from instantml.storage.clickhouse.engine import ChEngine
+
+    engine = ChEngine(f"chdb://{ch}")
+    with engine.guarded() as client:
+        client.command(
+            "CREATE TABLE instantml.scalar_points (series_id UInt64, step Int64, value Float64,"
+            " ts Float64, preview UInt8, version UInt64) ENGINE = ReplacingMergeTree(version)"
+            " ORDER BY (series_id, step)"
+        )
+        client.command(
+            "INSERT INTO instantml.scalar_points VALUES (1, 3, 0.5, 0, 0, 1), (1, 4, 2.0, 0, 0, 1)"
+        )
+    engine.close()
+    for url, expected in (
+        (f"duckdb://{duck}", [(3, 0.5), (2**53 - 1, 2.0)]),
+        (f"chdb://{ch}", [(3, 0.5), (4, 2.0)]),
+    ):
+        stores = _open_stores(f"duckdb://{tmp_path / 'meta.duckdb'}", url)
+        try:
+            assert stores.points.scalar_points(1) == expected
+        finally:
+            stores.close()

@@ -20,7 +20,7 @@ class PatchRun:
 class WriteScalars:
     org_id: int
     run_id: str
-    step: int
+    step: int | float  # any finite number >= 0 (validation.scalar_step)
     metrics: dict[str, float]
     timestamp: float
     preview: bool = False

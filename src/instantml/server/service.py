@@ -54,6 +54,9 @@ _PRUNE_EVERY = 3600.0
 MAINTAIN_BACKOFF = 1.0  # seconds between tries of the aggregates' refresh while storage fails
 
 
+HEALTH_PREFIX = "system/instantml/"  # the public SDK's own series (upload lag, queue, failures)
+
+
 class WriteService:
     def __init__(self, stores: Stores, policy: UsagePolicy | None = None) -> None:
         self.stores = stores
@@ -196,7 +199,10 @@ class _Group:
                 self.scalars.append(
                     ScalarPoint(sid, write.step, value, write.timestamp, write.preview)
                 )
-            self.points.extend(run, 0, write.step)
+            # A run's last step follows its training steps: not a fractional step, nor the
+            # SDK's own upload-health series (system/instantml/*, at step = unix time).
+            if type(write.step) is int and not all(k.startswith(HEALTH_PREFIX) for k in keys):
+                self.points.extend(run, 0, write.step)
         else:
             raise TypeError(f"unknown write {type(write).__name__}")
         return answers.accepted(count)

@@ -139,7 +139,7 @@ def _values(body: dict[str, Any]) -> dict[str, float]:
 def scalars(org_id: int, run_id: str, body: dict[str, Any]) -> WriteScalars:
     try:
         metrics = _values(body)
-        step = validation.step(_required(body, "step"))
+        step = validation.scalar_step(_required(body, "step"))
     except (TypeError, ValueError) as exc:
         raise bad_input(exc) from None
     return WriteScalars(

@@ -186,7 +186,7 @@ class PointStore(Protocol):
 
     def scalar_points(self, series_id: int) -> list[tuple[float, float]]: ...
 
-    def counts(self, series_ids: Sequence[int]) -> dict[int, tuple[int, int | None]]:
+    def counts(self, series_ids: Sequence[int]) -> dict[int, tuple[int, int | float | None]]:
         """``series_id -> (points, last step)``."""
         ...
 

@@ -137,10 +137,15 @@ def latest_points(chunks: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     return {name: column[keep] for name, column in frame.items()}
 
 
+def step_number(step: float) -> int | float:
+    """A stored scalar step (a float64) as the client sent it: an int when integral."""
+    return int(step) if float(step).is_integer() else float(step)
+
+
 @dataclass(slots=True)
 class ScalarPoint:
     series_id: int
-    step: int
+    step: int | float  # a float64 in the stores: exact (validation.scalar_step)
     value: float
     ts: float
     preview: bool

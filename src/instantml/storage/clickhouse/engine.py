@@ -38,8 +38,10 @@ TABLES: dict[str, tuple[str, str]] = {
         " robust_z Float64, version UInt64",
         "series_id, step, rank",
     ),
-    "scalar_points": (
-        "series_id UInt64, step Int64, value Float64, ts Float64, preview UInt8, version UInt64",
+    # A scalar step is any finite number >= 0 (validation.scalar_step). (The table of
+    # earlier versions, scalar_points, had Int64 steps: copied once, see ChPoints.)
+    "scalars": (
+        "series_id UInt64, step Float64, value Float64, ts Float64, preview UInt8, version UInt64",
         "series_id, step",
     ),
     "step_stats": (

@@ -18,7 +18,7 @@ import numpy as np
 
 from ...summary.step_stats import step_stats
 from .. import blocks as block_math
-from ..records import ScalarPoint, SummaryRows, latest_points
+from ..records import ScalarPoint, SummaryRows, latest_points, step_number
 from . import blocks, summary
 from .engine import ChEngine
 
@@ -34,7 +34,7 @@ _STATS = ("n", "expected", "mean", "weighted_mean", "min", "max", "std", "p05", 
 @dataclass
 class _Staged:
     rank: dict[int, list[dict[str, np.ndarray]]] = field(default_factory=dict)
-    scalars: dict[tuple[int, int], ScalarPoint] = field(default_factory=dict)
+    scalars: dict[tuple[int, int | float], ScalarPoint] = field(default_factory=dict)
     refresh: set[int] = field(default_factory=set)
     maintain: bool = False
     marked: int = 0
@@ -45,6 +45,7 @@ class ChPoints:
         self._engine = engine
         self._backlog = 0  # stale steps this process marked and has not seen refreshed
         engine.join(self)
+        _copy_int_scalars(engine)
         # Points written before blocks existed: every step stale once, so its blocks are
         # built by the refresh (a cheap check: count() of a MergeTree is metadata).
         ((blocks_kept,),) = engine.rows(f"SELECT count() FROM {engine.table('rank_blocks')}")
@@ -91,23 +92,23 @@ class ChPoints:
 
     def scalar_points(self, series_id: int) -> list[tuple[float, float]]:
         rows = self._engine.rows(
-            f"SELECT step, value FROM {self._engine.table('scalar_points')} FINAL"
+            f"SELECT step, value FROM {self._engine.table('scalars')} FINAL"
             " WHERE series_id = {sid:UInt64} ORDER BY step",
             {"sid": series_id},
         )
-        return [(s, float(v)) for s, v in rows]
+        return [(step_number(s), float(v)) for s, v in rows]
 
-    def counts(self, series_ids: Sequence[int]) -> dict[int, tuple[int, int | None]]:
+    def counts(self, series_ids: Sequence[int]) -> dict[int, tuple[int, int | float | None]]:
         if not series_ids:
             return {}
-        out: dict[int, tuple[int, int | None]] = {}
-        for table in ("rank_points", "scalar_points"):
+        out: dict[int, tuple[int, int | float | None]] = {}
+        for table in ("rank_points", "scalars"):
             for sid, n, last in self._engine.rows(
                 f"SELECT series_id, count(), max(step) FROM {self._engine.table(table)} FINAL"
                 " WHERE series_id IN {ids:Array(UInt64)} GROUP BY series_id",
                 {"ids": list(series_ids)},
             ):
-                out[int(sid)] = (int(n), int(last))
+                out[int(sid)] = (int(n), step_number(last))
         return out
 
     def summary_rows(self, series_id: int, params: SummaryParams) -> SummaryRows:
@@ -165,10 +166,10 @@ class ChPoints:
 
     def _flush_scalars(self, points: list[ScalarPoint]) -> None:
         self._engine.insert(
-            "scalar_points",
+            "scalars",
             {
                 "series_id": np.array([p.series_id for p in points], dtype=np.uint64),
-                "step": np.array([p.step for p in points], dtype=np.int64),
+                "step": np.array([p.step for p in points], dtype=np.float64),
                 "value": np.array([p.value for p in points], dtype=np.float64),
                 "ts": np.array([p.ts for p in points], dtype=np.float64),
                 "preview": np.array([p.preview for p in points], dtype=np.uint8),
@@ -280,6 +281,22 @@ class ChPoints:
         )
         self._backlog = max(0, self._backlog - len(done))
         return True
+
+
+def _copy_int_scalars(engine: ChEngine) -> None:
+    """Scalar points of an earlier version (Int64 steps, ``scalar_points``) into the
+    Float64 table, once: when that table exists and this one is empty."""
+    ((old,),) = engine.rows(
+        "SELECT count() FROM system.tables WHERE database = {db:String} AND name = 'scalar_points'",
+        {"db": engine.database},
+    )
+    if not old or engine.rows(f"SELECT count() FROM {engine.table('scalars')}")[0][0]:
+        return
+    with engine.guarded() as client:
+        client.command(
+            f"INSERT INTO {engine.table('scalars')} SELECT series_id, toFloat64(step), value, ts,"
+            f" preview, version FROM {engine.table('scalar_points')}"
+        )
 
 
 def _concat(frames: list[dict[str, Any]]) -> dict[str, Any]:

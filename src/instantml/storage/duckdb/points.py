@@ -24,22 +24,24 @@ import numpy as np
 from ...summary.params import ROBUST_Z_THRESHOLD
 from ...summary.step_stats import step_stats
 from .. import blocks as block_math
-from ..records import ScalarPoint, SummaryRows, latest_points
+from ..records import ScalarPoint, SummaryRows, latest_points, step_number
 from . import aggregates, blocks, summary
 from .engine import Engine
 
 if TYPE_CHECKING:
     from ...summary import SummaryParams
 
-SCHEMA = """
+# A scalar step is any finite number >= 0 (validation.scalar_step), kept as a float64.
+SCALAR_SCHEMA = """CREATE TABLE IF NOT EXISTS scalar_points (
+    series_id INTEGER NOT NULL, step DOUBLE NOT NULL, value DOUBLE NOT NULL,
+    ts DOUBLE NOT NULL, preview BOOLEAN NOT NULL, PRIMARY KEY (series_id, step));"""
+SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS rank_points (
     series_id INTEGER NOT NULL, step BIGINT NOT NULL, rank SMALLINT NOT NULL,
     world_size SMALLINT NOT NULL, local_rank SMALLINT, value DOUBLE NOT NULL,
     weight DOUBLE NOT NULL, ts DOUBLE NOT NULL,
     delta DOUBLE, z DOUBLE, robust_z DOUBLE);  -- one row per (series_id, step, rank)
-CREATE TABLE IF NOT EXISTS scalar_points (
-    series_id INTEGER NOT NULL, step BIGINT NOT NULL, value DOUBLE NOT NULL,
-    ts DOUBLE NOT NULL, preview BOOLEAN NOT NULL, PRIMARY KEY (series_id, step));
+{SCALAR_SCHEMA}
 CREATE TABLE IF NOT EXISTS step_stats (
     series_id INTEGER NOT NULL, step BIGINT NOT NULL, n INTEGER NOT NULL,
     expected INTEGER NOT NULL, mean DOUBLE NOT NULL, weighted_mean DOUBLE NOT NULL,
@@ -64,10 +66,29 @@ FRESH_MIN_POINTS = 64  # a unit writing fewer points of a series leaves its new 
 _POINT_NAMES = ("series_id", "step", "rank", "world_size", "local_rank", "value", "weight", "ts")
 
 
+def _float_scalar_steps(con: Any) -> None:
+    """A store from before scalar steps could be fractions keeps them as BIGINT: copy its
+    scalar points into the DOUBLE column once (every integer step below 2**53 exactly)."""
+    found = con.execute(
+        "SELECT data_type FROM information_schema.columns"
+        " WHERE table_name = 'scalar_points' AND column_name = 'step'"
+    ).fetchall()
+    if not found or found[0][0] == "DOUBLE":
+        return
+    con.execute("BEGIN TRANSACTION")
+    con.execute("ALTER TABLE scalar_points RENAME TO scalar_points_int")
+    con.execute(SCALAR_SCHEMA)
+    con.execute(
+        "INSERT INTO scalar_points SELECT series_id, step, value, ts, preview FROM scalar_points_int"
+    )
+    con.execute("DROP TABLE scalar_points_int")
+    con.execute("COMMIT")
+
+
 class _Staged:
     def __init__(self) -> None:
         self.rank: dict[int, list[dict[str, np.ndarray]]] = {}
-        self.scalars: dict[tuple[int, int], ScalarPoint] = {}
+        self.scalars: dict[tuple[int, int | float], ScalarPoint] = {}
         self.refresh: set[int] = set()
         self.maintain: tuple[int, list[int]] | None = None
         self.maintain_blocks: dict[int, list[int]] | None = None
@@ -84,6 +105,7 @@ class DuckDBPoints:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
         con = engine.con
+        _float_scalar_steps(con)
         con.execute(SCHEMA)
         blocks.create(engine)
         self._stale: dict[int, set[int]] = {}
@@ -169,9 +191,9 @@ class DuckDBPoints:
             )
             .fetchall()
         )
-        return [(s, float(v)) for s, v in rows]
+        return [(step_number(s), float(v)) for s, v in rows]
 
-    def counts(self, series_ids: Sequence[int]) -> dict[int, tuple[int, int | None]]:
+    def counts(self, series_ids: Sequence[int]) -> dict[int, tuple[int, int | float | None]]:
         if not series_ids:
             return {}
         marks = ", ".join("?" * len(series_ids))
@@ -186,7 +208,7 @@ class DuckDBPoints:
             )
             .fetchall()
         )
-        return {sid: (int(n), None if last is None else int(last)) for sid, n, last in rows}
+        return {sid: (int(n), None if last is None else step_number(last)) for sid, n, last in rows}
 
     def summary_rows(self, series_id: int, params: SummaryParams) -> SummaryRows:
         return summary.rows(self._engine.cursor(), series_id, params)
@@ -407,7 +429,7 @@ class DuckDBPoints:
     def _flush_scalars(self, points: list[ScalarPoint]) -> None:
         columns: dict[str, tuple[list[Any], Any]] = {
             "series_id": ([p.series_id for p in points], np.int32),
-            "step": ([p.step for p in points], np.int64),
+            "step": ([p.step for p in points], np.float64),
             "value": ([p.value for p in points], np.float64),
             "ts": ([p.ts for p in points], np.float64),
             "preview": ([p.preview for p in points], np.bool_),

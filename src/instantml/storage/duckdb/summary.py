@@ -116,25 +116,62 @@ def _from_blocks(
     rollup, by the same cover of the whole range. The rows read grow with the buckets, the
     ranks and the levels, not with the points."""
     steps = found.stats["step"]
+    pieces = block_math.buckets(steps, first, found.heat_size)
     # Marks are read only where the range has some (most runs have none).
     marked = bool(found.stats["nonfinite"].any())
-    cells = _read(
-        cur, series_id, block_math.buckets(steps, first, found.heat_size),
-        "rank, n, total, marks" if marked else "rank, n, total",
-        _CELL_OF_POINT + (_MARK_OF_POINT if marked else ""),
-    )  # fmt: skip
+    cur.register("pieces", pieces.blocks())
+    try:
+        cells = cur.execute(
+            f"SELECT p.b, r.rank, r.n, r.total{', r.marks' if marked else ''} FROM rank_blocks r"
+            " JOIN pieces p ON p.level = r.level AND p.start = r.start"
+            " WHERE r.series_id = $sid AND r.start IN (SELECT start FROM pieces)",
+            {"sid": series_id},
+        ).fetchnumpy()
+    finally:
+        cur.unregister("pieces")
     if not marked:
         cells["marks"] = np.zeros(len(cells["rank"]), dtype=np.int64)
-    found.cells = block_math.cells(cells, cells["b"])
+    points, bucket = _singles(cur, series_id, pieces.singles())
+    found.cells = block_math.cells(
+        {
+            name: np.concatenate([cells[name], points[name]])
+            for name in ("rank", "n", "total", "marks")
+        },
+        np.concatenate([cells["b"], bucket]),
+    )
     found.rollup = _read_rollup(cur, series_id, block_math.whole(steps))
 
 
-# A point's cell columns (a point is a block of one step).
-_CELL_OF_POINT = (
-    "rank, CASE WHEN isfinite(value) THEN 1 ELSE 0 END AS n,"
-    " CASE WHEN isfinite(value) THEN value ELSE 0 END AS total"
-)
-_MARK_OF_POINT = ", CASE WHEN isfinite(value) THEN 0 ELSE 1 END AS marks"
+def _singles(
+    cur: duckdb.DuckDBPyConnection, series_id: int, singles: dict[str, np.ndarray]
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The points of these single steps as cell rows (``rank, n, total, marks``), and each
+    one's bucket. Three narrow columns read within the steps' span (zone maps skip the
+    rest), the arithmetic in numpy."""
+    listed = singles["step"]
+    if not len(listed):
+        empty = np.empty(0, dtype=np.int64)
+        return {"rank": empty, "n": empty, "total": np.empty(0), "marks": empty}, empty
+    cur.register("singles", singles)
+    try:
+        found = cur.execute(
+            "SELECT step, rank, value FROM rank_points WHERE series_id = $sid"
+            " AND step BETWEEN $lo AND $hi AND step IN (SELECT step FROM singles)",
+            {"sid": series_id, "lo": int(listed.min()), "hi": int(listed.max())},
+        ).fetchnumpy()
+    finally:
+        cur.unregister("singles")
+    value = np.asarray(found["value"], dtype=np.float64)
+    finite = np.isfinite(value)
+    order = np.argsort(listed)
+    bucket = singles["b"][order][np.searchsorted(listed[order], found["step"])]
+    rows = {
+        "rank": np.asarray(found["rank"], dtype=np.int64),
+        "n": finite.astype(np.int64),
+        "total": np.where(finite, value, 0.0),
+        "marks": (~finite).astype(np.int64),
+    }
+    return rows, bucket.astype(np.int64)
 
 
 def _read(
