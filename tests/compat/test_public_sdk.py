@@ -50,11 +50,26 @@ def test_public_sdk_mode(
     )
     assert run["config"] == {"lr": 0.01, "nested": {"depth": 2}, "batch_size": 128}
     assert run["tags"] == ["compat"] and run["metadata"]["notes"] == "from the public SDK"
-    assert {k["key"]: (k["kind"], k["points"]) for k in stored_keys(api, run_id)} == {
+    stored = {k["key"]: (k["kind"], k["points"]) for k in stored_keys(api, run_id)}
+    health = {key for key in stored if key.startswith("system/instantml/")}
+    assert {key: stored[key] for key in stored.keys() - health} == {
         "eval/accuracy": ("scalar", 5),
         "train/loss": ("rank", 20),
         "optimizer/grad_norm": ("rank", 20),
     }
+    if mode == "async":
+        # Its uploader reports its own health at step = unix time: stored, and with nothing
+        # failed or dropped (each of those requests was refused with a 422 before).
+        assert {"system/instantml/upload_lag_seconds", "system/instantml/failed_events"} <= health
+        for key in ("failed_events", "dropped_events"):
+            series = api.get(
+                f"/api/runs/{run_id}/metrics", params={"metric": f"system/instantml/{key}"}
+            ).json()
+            assert series["points"] and all(value == 0 for _, value in series["points"]), series
+            assert all(step > 1.7e9 for step, _ in series["points"])  # unix times
+        assert run["last_step"] == 4
+    else:
+        assert not health
     points = stored_rank_points(api, run_id, "train/loss")
     assert points[0] == [0, 0, 1.0, 32.0, 0, 4]
     assert points[-1] == [4, 3, 0.2 + 3, 128.0, 1, 4]

@@ -200,3 +200,32 @@ def test_the_straggler_panel_names_the_rank(
     first = page.query_selector_all("#stragglers tbody tr")[0].query_selector_all("td")
     assert first[0].inner_text() == "6"
     assert page.errors == []
+
+
+def test_the_upload_health_panel(page: Any, server: ServerProcess, api: httpx.Client) -> None:
+    # The public SDK's async uploader reports itself as system/instantml/* scalars at step =
+    # unix time: a small panel with the latest report, a warning when it falls behind, and
+    # no chart of each series among the run's own scalars.
+    run_id = f"health-{uuid.uuid4().hex[:6]}"
+    api.post("/runs", json={"project": "dash", "id": run_id}).raise_for_status()
+    api.post(f"/runs/{run_id}/metrics", json={"metrics": {"eval/acc": 0.5}, "step": 3})
+    reports = [
+        (1764547200.25, {"upload_lag_seconds": 0.5, "queued_events": 2.0, "failed_events": 0.0}),
+        (1764547205.5, {"upload_lag_seconds": 75.0, "queued_events": 40.0, "failed_events": 3.0}),
+    ]
+    for step, values in reports:
+        metrics = {f"system/instantml/{k}": v for k, v in values.items()}
+        response = api.post(f"/runs/{run_id}/metrics", json={"metrics": metrics, "step": step})
+        assert response.json() == {"accepted": 3}, response.text
+    page.goto(f"{server.url}/?token={server.admin_key}#/runs/{run_id}")
+    page.wait_for_selector("main[data-ready=overview]")
+    shot(page, "upload-health")
+    assert page.inner_text("#upload-health tr[data-health=queued_events] td.num") == "40"
+    assert page.inner_text("#upload-health tr[data-health=upload_lag_seconds] td.num") == "75 s"
+    problems = page.inner_text("#upload-problems")
+    assert "3 event(s) failed to upload" in problems and "75 s behind" in problems
+    assert "2025-12-01 00:00:05 UTC" in page.inner_text("#upload-health")
+    titles = [h.inner_text() for h in page.query_selector_all(".grid2 h3")]
+    assert titles == ["eval/acc"]
+    assert "last step 3" in page.inner_text("main")  # the reports' unix times are not steps
+    assert page.errors == []

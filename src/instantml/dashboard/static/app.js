@@ -189,8 +189,22 @@ async function showRun(runId, tab, params) {
   }
 }
 
+// The public SDK's async uploader reports its own health as scalars at step = unix time.
+const HEALTH_PREFIX = "system/instantml/";
+const HEALTH_ROWS = [
+  ["upload_lag_seconds", "lag (oldest queued event)", (v) => `${fmt(v)} s`],
+  ["queued_events", "queued", fmt],
+  ["processed_events", "sent", fmt],
+  ["failed_events", "failed", fmt],
+  ["dropped_events", "dropped", fmt],
+];
+const LAG_WARN_SECONDS = 60;
+
 async function showOverview(run, scalarKeys, body) {
   body.append(el("div", { class: "card" }, el("h3", { text: "Config" }), el("pre", { id: "config", text: JSON.stringify(run.config, null, 2) })));
+  const healthKeys = scalarKeys.filter((k) => k.startsWith(HEALTH_PREFIX));
+  scalarKeys = scalarKeys.filter((k) => !k.startsWith(HEALTH_PREFIX));
+  if (healthKeys.length) body.append(await uploadHealth(run, healthKeys));
   const charts = el("div", { class: "grid2" });
   body.append(charts);
   const series = await Promise.all(scalarKeys.map((k) =>
@@ -207,6 +221,32 @@ async function showOverview(run, scalarKeys, body) {
   });
   if (!scalarKeys.length) charts.append(el("p", { class: "muted", text: "No run-level scalars; see the Distributed tab." }));
   main.dataset.ready = "overview";
+}
+
+// A small panel: the uploader's latest health report, and a warning when it falls behind.
+async function uploadHealth(run, healthKeys) {
+  const series = await Promise.all(healthKeys.map((k) =>
+    api(`/api/runs/${encodeURIComponent(run.id)}/metrics?metric=${encodeURIComponent(k)}`)));
+  const latest = {};
+  let at = null;
+  series.forEach((s) => {
+    const last = s.points[s.points.length - 1];
+    if (!last) return;
+    latest[s.key.slice(HEALTH_PREFIX.length)] = last[1];
+    at = at === null ? last[0] : Math.max(at, last[0]);
+  });
+  const rows = HEALTH_ROWS.filter(([name]) => name in latest).map(([name, label, show]) =>
+    el("tr", { "data-health": name }, el("td", { text: label }), el("td", { class: "num", text: show(latest[name]) })));
+  const problems = [];
+  if (latest.failed_events > 0) problems.push(`${fmt(latest.failed_events)} event(s) failed to upload`);
+  if (latest.dropped_events > 0) problems.push(`${fmt(latest.dropped_events)} event(s) dropped`);
+  if (latest.upload_lag_seconds > LAG_WARN_SECONDS) problems.push(`uploads are ${fmt(latest.upload_lag_seconds)} s behind`);
+  const when = at === null ? "" : ` · last report ${new Date(at * 1000).toISOString().replace("T", " ").slice(0, 19)} UTC`;
+  return el("div", { class: "card", id: "upload-health" },
+    el("h3", { text: "Uploads" }),
+    el("p", { class: "muted", text: `the SDK's uploader, as it reported itself${when}` }),
+    problems.length ? el("p", { class: "callout-text", id: "upload-problems", text: problems.join("; ") }) : "",
+    el("table", { class: "compact", style: "width:auto;min-width:24em" }, el("tbody", {}, ...rows)));
 }
 
 // ---------- the Distributed tab ----------
