@@ -18,8 +18,10 @@ run = im.init(
     spool_dir=spool_dir,
     system_metrics=False,
     async_init=False,
+    capture_console=True,
 )
 for step in range(5):
+    print(f"epoch {step} done", flush=True)
     run.log_metrics({"eval/accuracy": 0.5 + step / 10}, step=step)
     for rank in range(4):
         run.log_rank_metrics(
@@ -30,6 +32,7 @@ for step in range(5):
             local_rank=rank % 2,
             weight=32 * (rank + 1),
         )
+print("warning: a slow rank", file=sys.stderr, flush=True)
 run.log_config({"batch_size": 128})
 run.finish()
 if mode == "spool":

@@ -70,6 +70,11 @@ def test_public_sdk_mode(
         assert run["last_step"] == 4
     else:
         assert not health
+    # capture_console=True: the job's printed lines, stored and in order.
+    logs = api.get(f"/api/runs/{run_id}/logs").json()["lines"]
+    stdout = [x["message"] for x in logs if x["stream"] == "stdout"]
+    assert [m for m in stdout if m.startswith("epoch")] == [f"epoch {s} done" for s in range(5)]
+    assert "warning: a slow rank" in [x["message"] for x in logs if x["stream"] == "stderr"]
     points = stored_rank_points(api, run_id, "train/loss")
     assert points[0] == [0, 0, 1.0, 32.0, 0, 4]
     assert points[-1] == [4, 3, 0.2 + 3, 128.0, 1, 4]

@@ -229,3 +229,31 @@ def test_the_upload_health_panel(page: Any, server: ServerProcess, api: httpx.Cl
     assert titles == ["eval/acc"]
     assert "last step 3" in page.inner_text("main")  # the reports' unix times are not steps
     assert page.errors == []
+
+
+def test_console_lines_on_the_run_page(page: Any, server: ServerProcess, api: httpx.Client) -> None:
+    run_id = f"console-{uuid.uuid4().hex[:6]}"
+    api.post("/runs", json={"project": "dash", "id": run_id}).raise_for_status()
+    lines = [
+        {"line_number": i, "message": f"epoch {i} <b>done</b>", "timestamp": None} for i in range(3)
+    ]
+    api.post(
+        f"/api/runs/{run_id}/logs", json={"stream": "stdout", "lines": lines}
+    ).raise_for_status()
+    api.post(
+        f"/api/runs/{run_id}/logs",
+        json={"stream": "stderr", "lines": [{"line_number": 0, "message": "warning: slow rank"}]},
+    ).raise_for_status()
+    page.goto(f"{server.url}/?token={server.admin_key}#/runs/{run_id}")
+    page.wait_for_selector("main[data-ready=overview]")
+    shot(page, "console")
+    assert page.inner_text("#console .muted") == "4 lines"
+    shown = [d.inner_text() for d in page.query_selector_all("#console pre div")]
+    assert shown == [
+        "epoch 0 <b>done</b>",
+        "epoch 1 <b>done</b>",
+        "epoch 2 <b>done</b>",
+        "warning: slow rank",
+    ]
+    assert page.query_selector("#console pre div.stderr").inner_text() == "warning: slow rank"
+    assert page.errors == []

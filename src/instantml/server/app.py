@@ -14,7 +14,7 @@ from .._version import __version__
 from ..settings import ServerSettings
 from ..storage import open_stores
 from ..storage.protocols import Stores
-from . import errors
+from . import errors, unsupported
 from .auth import KeyRing
 from .guardrail import UsagePolicy
 from .responses import JSONResponse
@@ -67,6 +67,7 @@ def create_app(settings: ServerSettings, stores: Stores | None = None) -> FastAP
     app.include_router(ingest.router)
     app.include_router(summary.router)
     app.include_router(admin.router)
+    app.include_router(unsupported.router)  # last: 501s for the public SDK's other features
     dashboard.install(app)
 
     @app.get("/healthz", include_in_schema=True)

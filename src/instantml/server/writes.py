@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from .. import validation
+from . import unsupported
 from .commands import (
     CreateRun,
     PatchRun,
@@ -188,6 +189,45 @@ def attributes(org_id: int, run_id: str, body: dict[str, Any]) -> WriteAttribute
     return WriteAttributes(org_id=org_id, run_id=run_id, attributes=items, timestamp=time.time())
 
 
+CONSOLE = "console"  # the attribute type console lines are kept as
+MAX_LOG_LINES = 10_000  # per request
+MAX_LOG_LINE_BYTES = 65_536
+
+
+def logs(org_id: int, run_id: str, body: dict[str, Any]) -> WriteAttributes:
+    """Console lines (the public SDK's ``capture_console`` / ``log_console``): ``{"stream":
+    "stdout" | "stderr", "lines": [{"line_number", "message", "timestamp"}]}``, kept as
+    attributes of type ``console`` (path ``console/<stream>``, step = line number)."""
+    stream = body.get("stream")
+    if stream not in ("stdout", "stderr"):
+        raise ApiError(422, f"stream must be 'stdout' or 'stderr', got {stream!r}")
+    lines = body.get("lines")
+    if not isinstance(lines, list) or not lines or not all(isinstance(x, dict) for x in lines):
+        raise ApiError(422, "lines must be a non-empty list of objects")
+    if len(lines) > MAX_LOG_LINES:
+        raise ApiError(422, f"lines: at most {MAX_LOG_LINES} per request, got {len(lines)}")
+    kept = []
+    for i, line in enumerate(lines):
+        number, text, stamp = line.get("line_number"), line.get("message"), line.get("timestamp")
+        if type(number) is not int or number < 0 or number > validation.MAX_STEP:
+            raise ApiError(422, f"lines[{i}].line_number must be an integer >= 0, got {number!r}")
+        if (
+            not isinstance(text, str)
+            or len(text.encode("utf-8", "surrogatepass")) > MAX_LOG_LINE_BYTES
+        ):
+            raise ApiError(
+                422, f"lines[{i}].message must be a string of at most {MAX_LOG_LINE_BYTES} bytes"
+            )
+        if stamp is not None and not isinstance(stamp, str):
+            raise ApiError(422, f"lines[{i}].timestamp must be a string or null")
+        kept.append(
+            {"path": f"console/{stream}", "type": CONSOLE, "step": number,
+             "value": {"message": text, "timestamp": stamp}}
+        )  # fmt: skip
+    storable(kept, "lines")
+    return WriteAttributes(org_id=org_id, run_id=run_id, attributes=kept, timestamp=time.time())
+
+
 def from_request(org_id: int, method: str, path: str, body: dict[str, Any]) -> Write:
     """The write a (method, path, body) triple stands for, as if sent to its own route."""
     parts = path.split("?", 1)[0].strip("/").split("/")
@@ -198,12 +238,16 @@ def from_request(org_id: int, method: str, path: str, body: dict[str, Any]) -> W
         and parts[3] == "attributes"
     ):
         route = ("attributes", parts[2])
+    elif parts[:2] == ["api", "runs"] and len(parts) == 4 and parts[3] == "logs":
+        route = ("logs", parts[2])
     elif parts[:1] == ["runs"] and len(parts) == 1:
         route = ("create", "")
     elif parts[:1] == ["runs"] and len(parts) == 2:
         route = ("patch", parts[1])
     elif parts[:1] == ["runs"] and len(parts) == 3 and parts[2] in ("metrics", "rank-metrics"):
         route = (parts[2], parts[1])
+    elif (feature := unsupported.feature_of(path)) is not None:
+        raise ApiError(501, unsupported.message(feature))
     else:
         raise ApiError(404, f"request.path: no write route at {path!r}")
     kind, run_id = route
@@ -218,4 +262,6 @@ def from_request(org_id: int, method: str, path: str, body: dict[str, Any]) -> W
         return scalars(org_id, run_id, body)
     if kind == "rank-metrics":
         return rank_points(org_id, run_id, body)
+    if kind == "logs":
+        return logs(org_id, run_id, body)
     return attributes(org_id, run_id, body)

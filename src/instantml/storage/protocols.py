@@ -102,7 +102,14 @@ class Runs(Protocol):
         ...
 
     def add_attributes(self, run: RunRef, attributes: list[dict[str, Any]], ts: float) -> None:
-        """*In a unit*: free-form attributes (config, tags, notes)."""
+        """*In a unit*: free-form attributes (config, tags, notes, console lines)."""
+        ...
+
+    def attributes_of(
+        self, org_id: int, run_id: str, kinds: Sequence[str], prefix: str
+    ) -> list[tuple[str, str, int | None, Any]]:
+        """The run's attributes of these types under a path prefix, in the order written:
+        ``(type, path, step, value)``."""
         ...
 
     def series_ids(self, run: RunRef, kind: int, keys: Sequence[str]) -> list[int]:

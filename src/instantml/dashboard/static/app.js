@@ -199,6 +199,7 @@ const HEALTH_ROWS = [
   ["dropped_events", "dropped", fmt],
 ];
 const LAG_WARN_SECONDS = 60;
+const CONSOLE_LINES = 500;  // the run page shows the last lines; the API gives more
 
 async function showOverview(run, scalarKeys, body) {
   body.append(el("div", { class: "card" }, el("h3", { text: "Config" }), el("pre", { id: "config", text: JSON.stringify(run.config, null, 2) })));
@@ -220,6 +221,14 @@ async function showOverview(run, scalarKeys, body) {
       { margin: { t: 10, r: 10, b: 30, l: 50 }, xaxis: { title: { text: "step" } } }, { displaylogo: false, responsive: true });
   });
   if (!scalarKeys.length) charts.append(el("p", { class: "muted", text: "No run-level scalars; see the Distributed tab." }));
+  const logs = await api(`/api/runs/${encodeURIComponent(run.id)}/logs?limit=${CONSOLE_LINES}`);
+  if (logs.total) {
+    const shown = logs.total > logs.lines.length ? `last ${logs.lines.length} of ${logs.total} lines` : `${logs.total} lines`;
+    body.append(el("div", { class: "card", id: "console" },
+      el("h3", { text: "Console" }), el("p", { class: "muted", text: shown }),
+      el("pre", { class: "console" }, ...logs.lines.map((line) =>
+        el("div", { class: line.stream === "stderr" ? "stderr" : "stdout", text: line.message })))));
+  }
   main.dataset.ready = "overview";
 }
 

@@ -19,6 +19,7 @@ from ..responses import JSONResponse
 from ..services import require, services
 
 router = APIRouter()
+CAPTURED = "string_series"  # the public SDK's capture_console: log_text under console/
 Ingest = Annotated[ApiKeyRecord, Depends(require("ingest"))]
 Read = Annotated[ApiKeyRecord, Depends(require("read"))]
 MetricKey = Annotated[str, Query(min_length=1, max_length=2048)]
@@ -40,6 +41,47 @@ async def log_rank_metrics(request: Request, run_id: str, key: Ingest) -> JSONRe
 async def log_attributes(request: Request, run_id: str, key: Ingest) -> JSONResponse:
     body = await read_json_object(request)
     return await apply_one(request, key.org_id, writes.attributes(key.org_id, run_id, body), body)
+
+
+@router.post("/api/runs/{run_id}/logs")
+async def log_console(request: Request, run_id: str, key: Ingest) -> JSONResponse:
+    """Console lines (the public SDK's ``capture_console=True`` / ``log_console``)."""
+    body = await read_json_object(request)
+    return await apply_one(request, key.org_id, writes.logs(key.org_id, run_id, body), body)
+
+
+@router.get("/api/runs/{run_id}/logs")
+async def console_lines(
+    request: Request,
+    run_id: str,
+    key: Read,
+    limit: Annotated[int, Query(ge=1, le=100_000)] = 1000,
+) -> JSONResponse:
+    """The run's last ``limit`` console lines, in the order written: numbered lines
+    (``log_console``; one sent again keeps its place and its latest text) and the text
+    ``capture_console=True`` logs as ``console/stdout`` / ``console/stderr`` string series
+    (at the run's current step)."""
+    stores = services(request).stores
+    if await run_in_threadpool(stores.runs.get_run, key.org_id, run_id) is None:
+        raise ApiError(404, f"run {run_id!r} not found")
+    found = await run_in_threadpool(
+        stores.runs.attributes_of, key.org_id, run_id, (writes.CONSOLE, CAPTURED), "console/"
+    )
+    lines: dict[tuple[str, int | None] | int, dict[str, Any]] = {}
+    for i, (kind, path, step, value) in enumerate(found):
+        stream = path.removeprefix("console/")
+        if kind == writes.CONSOLE:  # log_console: numbered lines
+            lines[(path, step)] = {
+                "stream": stream, "line_number": step, "step": None,
+                "message": value.get("message"), "timestamp": value.get("timestamp"),
+            }  # fmt: skip
+        elif isinstance(value, str):  # capture_console: text at the run's current step
+            lines[i] = {
+                "stream": stream, "line_number": None, "step": step, "message": value,
+                "timestamp": None,
+            }  # fmt: skip
+    listed = list(lines.values())
+    return JSONResponse({"total": len(listed), "lines": listed[-limit:]})
 
 
 @router.get("/api/runs/{run_id}/keys")

@@ -181,6 +181,21 @@ class DuckDBRuns:
                 )
             )
 
+    def attributes_of(
+        self, org_id: int, run_id: str, kinds: Sequence[str], prefix: str
+    ) -> list[tuple[str, str, int | None, Any]]:
+        rows = (
+            self._engine.cursor()
+            .execute(
+                "SELECT a.type, a.path, a.step, a.value FROM attributes a JOIN runs r USING (run_seq)"
+                " WHERE r.org_id = ? AND r.run_id = ? AND list_contains(?, a.type)"
+                " AND starts_with(a.path, ?) ORDER BY a.seq",
+                [org_id, run_id, list(kinds), prefix],
+            )
+            .fetchall()
+        )
+        return [(kind, path, step, orjson.loads(value)) for kind, path, step, value in rows]
+
     def series_ids(self, run: RunRef, kind: int, keys: Sequence[str]) -> list[int]:
         staged = self._staged.series
         out = []

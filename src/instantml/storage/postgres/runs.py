@@ -194,6 +194,18 @@ class PgRuns:
                 rows,
             )
 
+    def attributes_of(
+        self, org_id: int, run_id: str, kinds: Sequence[str], prefix: str
+    ) -> list[tuple[str, str, int | None, Any]]:
+        with self._engine.connection() as con:
+            rows = con.execute(
+                "SELECT a.type, a.path, a.step, a.value FROM attributes a JOIN runs r USING (run_seq)"
+                " WHERE r.org_id = %s AND r.run_id = %s AND a.type = ANY(%s)"
+                " AND starts_with(a.path, %s) ORDER BY a.seq",
+                [org_id, run_id, list(kinds), prefix],
+            ).fetchall()
+        return [(kind, path, step, orjson.loads(value)) for kind, path, step, value in rows]
+
     def series_ids(self, run: RunRef, kind: int, keys: Sequence[str]) -> list[int]:
         staged: _Staged = self._engine.staged(self)
         missing = [
