@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from instantml.server.responses import JSONResponse
 from instantml.storage import open_stores as _open_stores
+from instantml.storage.duckdb import summary as duckdb_summary
 from instantml.storage.protocols import Stores
 from instantml.storage.records import RANK, RANK_COLUMNS, ScalarPoint
 from instantml.summary import SummaryParams
@@ -238,6 +239,7 @@ def test_summaries_over_any_range_equal_the_reference(
         whole=st.booleans(),
         max_points=st.sampled_from([3, 7, 500]),
         heatmap_steps=st.sampled_from([2, 5, 13, 200]),
+        scan_ratio=st.sampled_from([0, 10**9]),
     )
     def check(
         batches: list[list[Point]],
@@ -245,7 +247,11 @@ def test_summaries_over_any_range_equal_the_reference(
         whole: bool,
         max_points: int,
         heatmap_steps: int,
+        scan_ratio: int,
     ) -> None:
+        # The embedded store reads a short range's cells from its points and a long one's
+        # from blocks: both ways, whatever the range.
+        duckdb_summary.SCAN_RATIO = scan_ratio
         writer = Writer(open_stores(), f"r{np.random.default_rng().integers(1 << 60)}")
         lo, hi = (None, None) if whole else (min(ends), max(ends))
         params = {"step_min": lo, "step_max": hi, "max_points": max_points,
@@ -256,7 +262,11 @@ def test_summaries_over_any_range_equal_the_reference(
             writes += batch
             assert_matches(writer.summary(**params), reference(writes, **params), 40.0)
 
-    check()
+    default_ratio = duckdb_summary.SCAN_RATIO
+    try:
+        check()
+    finally:
+        duckdb_summary.SCAN_RATIO = default_ratio
 
 
 def test_integer_scalar_steps_of_an_earlier_store_are_kept(tmp_path: Path) -> None:

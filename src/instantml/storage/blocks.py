@@ -194,7 +194,8 @@ def cells(rows: Rows, bucket: np.ndarray) -> dict[str, np.ndarray]:
     def summed(name: str) -> np.ndarray:
         return np.bincount(cell, weights=rows[name], minlength=size)
 
-    n, marks = summed("n"), summed("marks")
+    n = summed("n")
+    marks = summed("marks") if rows["marks"].any() else np.zeros(size)  # most runs have none
     seen = np.flatnonzero((n > 0) | (marks > 0))
     with np.errstate(invalid="ignore", divide="ignore"):
         value = summed("total")[seen] / n[seen]
