@@ -64,7 +64,9 @@ def body(step: int, rank: int) -> bytes:
     })  # fmt: skip
 
 
-def _client_process(url: str, key: str, run_id: str, seconds: float, first_rank: int, out: object) -> None:
+def _client_process(
+    url: str, key: str, run_id: str, seconds: float, first_rank: int, out: object
+) -> None:
     latencies: list[float] = []
     lock = threading.Lock()
     deadline = time.perf_counter() + seconds
@@ -95,7 +97,9 @@ def single_posts(url: str, key: str, run_id: str, seconds: float) -> tuple[float
     """(requests/s, p50 ms, p99 ms) of 64 keep-alive clients."""
     queue: multiprocessing.Queue[list[float]] = multiprocessing.Queue()
     procs = [
-        multiprocessing.Process(target=_client_process, args=(url, key, run_id, seconds, p * THREADS, queue))
+        multiprocessing.Process(
+            target=_client_process, args=(url, key, run_id, seconds, p * THREADS, queue)
+        )
         for p in range(PROCESSES)
     ]
     start = time.perf_counter()
@@ -122,7 +126,16 @@ class Bare:
         port = _free_port()
         self.url = f"http://127.0.0.1:{port}"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "bare_app:app", "--port", str(port), "--log-level", "warning"],
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "bare_app:app",
+                "--port",
+                str(port),
+                "--log-level",
+                "warning",
+            ],
             cwd=tmp,
         )
         for _ in range(200):
@@ -180,7 +193,9 @@ def main() -> int:
     parser.add_argument("--batches", type=int, default=10_000, help="events per /api/ingest batch")
     parser.add_argument("--sync-events", type=int, default=200_000)
     args = parser.parse_args()
-    print(f"cores: {os.cpu_count()}; {PROCESSES} processes x {THREADS} threads of keep-alive clients")
+    print(
+        f"cores: {os.cpu_count()}; {PROCESSES} processes x {THREADS} threads of keep-alive clients"
+    )
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         bare = Bare(tmp)
@@ -188,7 +203,9 @@ def main() -> int:
         try:
             with ServerProcess(tmp / "data", env={"HOME": tmp_name}) as server:
                 for _ in range(args.trials):
-                    ours_rows.append(single_posts(server.url, server.admin_key, new_run(server), args.seconds))
+                    ours_rows.append(
+                        single_posts(server.url, server.admin_key, new_run(server), args.seconds)
+                    )
                     bare_rows.append(single_posts(bare.url, "none", "x", args.seconds))
                 ingests = [
                     ingest(server.url, server.admin_key, new_run(server), args.batches, 6)
@@ -206,8 +223,12 @@ def main() -> int:
 
     ours, floor = column(ours_rows, 0), column(bare_rows, 0)
     print("\nsingle-event POSTs, 64 clients (medians over trials):")
-    print(f"  this server : {ours:8,.0f} req/s  p50 {column(ours_rows, 1):6.1f} ms  p99 {column(ours_rows, 2):6.1f} ms")
-    print(f"  bare endpoint: {floor:8,.0f} req/s  p50 {column(bare_rows, 1):6.1f} ms  p99 {column(bare_rows, 2):6.1f} ms")
+    print(
+        f"  this server : {ours:8,.0f} req/s  p50 {column(ours_rows, 1):6.1f} ms  p99 {column(ours_rows, 2):6.1f} ms"
+    )
+    print(
+        f"  bare endpoint: {floor:8,.0f} req/s  p50 {column(bare_rows, 1):6.1f} ms  p99 {column(bare_rows, 2):6.1f} ms"
+    )
     print(f"  ratio        : {ours / floor:.3f} of bare")
     print(f"\n/api/ingest, {args.batches:,}-event batches x 3 keys: {med(ingests):,.0f} points/s"
           f" (trials: {', '.join(f'{x:,.0f}' for x in ingests)})")  # fmt: skip
