@@ -40,6 +40,7 @@ BODIES: dict[str, dict[str, Any]] = {
     "/runs/{run_id}/metrics": {"metrics": {"a": 1.0}, "step": 0},
     "/runs/{run_id}/rank-metrics": rank_body(),
     "/api/runs/{run_id}/attributes": {"attributes": [{"path": "x", "value": 1}]},
+    "/api/runs/{run_id}/logs": {"stream": "stdout", "lines": [{"line_number": 0, "message": "x"}]},
 }
 
 
