@@ -90,12 +90,6 @@ def concat(parts: Sequence[Rows]) -> Rows:
     return {name: np.concatenate([p[name] for p in parts]) for name in FIELDS}
 
 
-def parents(level: int, starts: np.ndarray) -> np.ndarray:
-    """The level-``level`` blocks (their starts) holding these lower-level starts."""
-    size = BASE**level
-    return np.unique(np.asarray(starts, dtype=np.int64) // size * size)
-
-
 def cover(first: int, last: int) -> tuple[list[tuple[int, int]], list[int]]:
     """The steps ``[first, last]`` as the fewest aligned blocks: ``(level, start)`` pairs
     and single steps (level 0). Greedy from the left: the largest block that starts here
