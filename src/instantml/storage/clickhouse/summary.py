@@ -66,9 +66,6 @@ def rows(engine: ChEngine, series_id: int, params: SummaryParams) -> SummaryRows
     found.heat_size = bucket_size(first, int(steps[-1]), len(steps), params.heatmap_steps)
     if params.z == block_math.DEFAULT_Z:
         _from_blocks(engine, found, series_id, first)
-    else:  # the blocks keep outlier counts for the default z only: scan the points
-        _scanned(engine, found, where, thresholds, first)
-    if params.z == block_math.DEFAULT_Z:
         # The kept rows, each still current if the point's scores have its version (a
         # later refresh that found it no outlier wrote newer scores, and no row).
         candidates = (
@@ -80,7 +77,8 @@ def rows(engine: ChEngine, series_id: int, params: SummaryParams) -> SummaryRows
             f" WHERE {in_range})) AS s"
             " ON o.step = s.step AND o.rank = s.rank AND o.version = s.version"
         )
-    else:
+    else:  # the blocks keep outlier counts for the default z only: scan the points
+        _scanned(engine, found, where, thresholds, first)
         candidates = (
             "SELECT p.step AS step, p.rank AS rank, p.local_rank AS local_rank,"
             " p.value AS value, o.delta AS delta, o.z AS z, o.robust_z AS robust_z FROM"
@@ -173,13 +171,14 @@ def _from_blocks(engine: ChEngine, found: SummaryRows, series_id: int, first: in
     )
 
 
+_SCORED = ("step", "rank", "value", "local_rank", "delta", "z", "robust_z")  # a point, scored
+
+
 def _singles(engine: ChEngine, series_id: int, pieces: block_math.Pieces) -> block_math.Rows:
     """The pieces' single steps' points, scored, as rows of one step (with ``b``)."""
     listed = pieces.singles()
     if not len(listed["step"]):
-        rows = block_math.of_points({
-            name: np.empty(0) for name in ("rank", "step", "value", "delta", "z", "robust_z", "local_rank")
-        })  # fmt: skip
+        rows = block_math.of_points({name: np.empty(0) for name in _SCORED})
         rows["b"] = np.empty(0, dtype=np.int64)
         return rows
     found = engine.query_np(
@@ -191,8 +190,7 @@ def _singles(engine: ChEngine, series_id: int, pieces: block_math.Pieces) -> blo
         " ON p.step = s.step AND p.rank = s.rank",
         {"sid": series_id, "steps": listed["step"].tolist()},
     )
-    columns = {name: np.asarray(found[name]) if len(found) else np.empty(0)
-               for name in ("step", "rank", "value", "local_rank", "delta", "z", "robust_z")}  # fmt: skip
+    columns = {name: np.asarray(found[name]) if len(found) else np.empty(0) for name in _SCORED}
     rows = block_math.of_points(columns)
     rows["b"] = listed["b"][
         np.searchsorted(listed["step"], columns["step"].astype(np.int64))
