@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from instantml.storage.protocols import Stores
-from instantml.storage.records import StoredAnswer
+from instantml.storage.records import Keys, StoredAnswer
 from tests.storage.conftest import OpenStores
 
 
@@ -36,7 +36,7 @@ def test_answers_are_kept_and_found(open_stores: OpenStores) -> None:
     stores = open_stores()
     with stores.unit():
         _record(stores, [(1, 10, 1), (1, 11, 1), (2, 10, 1)], at=100.0)
-    found = stores.ledger.lookup([(1, 10, 1), (1, 11, 2), (2, 10, 1), (3, 3, 3)])
+    found = stores.ledger.lookup(Keys.of([(1, 10, 1), (1, 11, 2), (2, 10, 1), (3, 3, 3)]))
     assert found == {
         (1, 10, 1): StoredAnswer(30, 200, '{"accepted": 10}'),
         (2, 10, 1): StoredAnswer(30, 200, '{"accepted": 10}'),
@@ -44,12 +44,12 @@ def test_answers_are_kept_and_found(open_stores: OpenStores) -> None:
     with pytest.raises(RuntimeError), stores.unit():
         _record(stores, [(1, 12, 1)], at=100.0)
         raise RuntimeError("the unit fails")
-    assert stores.ledger.lookup([(1, 12, 1)]) == {}  # nothing of a failed unit
+    assert stores.ledger.lookup(Keys.of([(1, 12, 1)])) == {}  # nothing of a failed unit
     stores.close()
     again = open_stores()
-    assert set(again.ledger.lookup([(1, 10, 1), (1, 11, 1)])) == {(1, 10, 1), (1, 11, 1)}
+    assert set(again.ledger.lookup(Keys.of([(1, 10, 1), (1, 11, 1)]))) == {(1, 10, 1), (1, 11, 1)}
     again.ledger.prune(before=101.0)
-    assert again.ledger.lookup([(1, 10, 1), (1, 11, 1)]) == {}
+    assert again.ledger.lookup(Keys.of([(1, 10, 1), (1, 11, 1)])) == {}
 
 
 def test_the_limit_is_exact_and_month_bound(open_stores: OpenStores) -> None:

@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -75,12 +76,13 @@ def _write(org: int, events: list[dict[str, Any]]) -> RankEvents:
         weights=[e["weight"] for e in events],
         timestamps=[1.0] * len(events),
         metrics=[e["metrics"] for e in events],
-        key_hi=[e["id"] for e in events],
-        key_lo=[7] * len(events),
+        key_hi=np.array([e["id"] for e in events], dtype=np.int64),
+        key_lo=np.full(len(events), 7, dtype=np.int64),
         # Same key, another body: its fingerprint differs, so the answer must be 422.
-        fingerprints=[
-            hash((e["step"], e["rank"], tuple(map(repr, e["metrics"].items())))) for e in events
-        ],
+        fingerprints=np.array(
+            [hash((e["step"], e["rank"], tuple(map(repr, e["metrics"].items())))) for e in events],
+            dtype=np.int64,
+        ),
     )
 
 

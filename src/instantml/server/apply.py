@@ -3,7 +3,6 @@ first request is still being applied answers 409), apply, release."""
 
 from __future__ import annotations
 
-from itertools import repeat
 from typing import Any
 
 from fastapi import Request
@@ -34,7 +33,7 @@ async def apply_writes(
         for envelope in envelopes:
             write = envelope.write
             if isinstance(write, RankEvents):
-                slots = set(zip(repeat(org_id), write.key_hi, write.key_lo)) - claimed
+                slots = set(write.keys().slots()) - claimed
                 busy = ledger.claim(slots)
                 claimed.update(slots - busy)
                 if not busy:

@@ -6,7 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..storage.records import RunSpec
+import numpy as np
+
+from ..storage.records import Keys, RunSpec
 
 
 @dataclass(slots=True)
@@ -54,14 +56,18 @@ class RankEvents:
     weights: list[float]
     timestamps: list[float]
     metrics: list[dict[str, float]]
-    key_hi: list[int]
-    key_lo: list[int]
-    fingerprints: list[int]
+    key_hi: np.ndarray  # int64, as the three columns below: the ledger takes them as they are
+    key_lo: np.ndarray
+    fingerprints: np.ndarray
 
     def __len__(self) -> int:
         return len(self.steps)
 
+    def keys(self) -> Keys:
+        return Keys(np.full(len(self), self.org_id, dtype=np.int64), self.key_hi, self.key_lo)
+
     def envelopes(self) -> list[Envelope]:
+        key_hi, key_lo, prints = (c.tolist() for c in (self.key_hi, self.key_lo, self.fingerprints))
         return [
             Envelope(
                 WriteRankPoints(
@@ -75,7 +81,7 @@ class RankEvents:
                     metrics=self.metrics[i],
                     timestamp=self.timestamps[i],
                 ),
-                Idempotency(self.key_hi[i], self.key_lo[i], self.fingerprints[i]),
+                Idempotency(key_hi[i], key_lo[i], prints[i]),
             )
             for i in range(len(self.steps))
         ]

@@ -18,6 +18,7 @@ import time
 from typing import Annotated, Any
 
 import msgspec
+import numpy as np
 from msgspec import Meta
 
 from .commands import RankEvents
@@ -126,6 +127,7 @@ class RankEventsBuilder:
 
     def build(self) -> RankEvents:
         """The events taken so far as one write; the builder starts empty again."""
-        columns = [list(column) for column in zip(*self._rows, strict=True)]
+        columns: list[Any] = [list(column) for column in zip(*self._rows, strict=True)]
+        columns[-3:] = [np.array(column, dtype=np.int64) for column in columns[-3:]]
         self.clear()
         return RankEvents(self.org_id, *columns)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from itertools import repeat
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -24,6 +24,7 @@ from ..storage.protocols import Stores
 from ..storage.records import (
     RANK,
     SCALAR,
+    Keys,
     RunConflict,
     RunSpec,
     ScalarPoint,
@@ -131,9 +132,9 @@ class _Group:
         # Answers given to keys in this group: single writes' by slot, batches' as columns
         # (indexed only if a later write of the group needs to look one up).
         self.seen: dict[Slot, StoredAnswer] = {}
-        self.chunks: list[tuple[list[Slot], list[int], list[str]]] = []
+        self.chunks: list[_Chunk] = []
         self._chunk_index: list[dict[Slot, int]] = []
-        self.known = self.stores.ledger.lookup(_slots(envelopes))
+        self.known = self.stores.ledger.lookup(_keys(envelopes))
         self.recorded: list[tuple[Slot, StoredAnswer]] = []
 
     def apply(self) -> list[Answer]:
@@ -230,30 +231,32 @@ class _Group:
         each event is decided on its own, in order (its points still go as columns)."""
         org = write.org_id
         names = set(map(tuple, write.metrics))  # each event's metric names, in order
+        uniform = len(names) == 1
         counts = (
-            [len(next(iter(names)))] * len(write)
-            if len(names) == 1
-            else [len(m) for m in write.metrics]
+            np.full(len(write), len(next(iter(names))), dtype=np.int64)
+            if uniform
+            else np.fromiter(map(len, write.metrics), dtype=np.int64, count=len(write))
         )
         runs = self.stores.runs.resolve(org, set(write.run_ids))
-        slots = list(zip(repeat(org), write.key_hi, write.key_lo))
+        keys = write.keys()
         plain = (
             None not in runs.values()
-            and len(set(slots)) == len(slots)
-            and self._all_new(slots)
-            and self.stores.ledger.charge(org, self.month, sum(counts), self._limit(org))
+            and _distinct(keys)
+            and self._all_new(keys)
+            and self.stores.ledger.charge(org, self.month, int(counts.sum()), self._limit(org))
         )
         if not plain:
             return [self._one(envelope) for envelope in write.envelopes()]
         self.points.add_events(write, runs, names, self.stores.runs.series_ids)
-        bodies = [answers.accepted_text(c) for c in counts]
-        self.chunks.append((slots, write.fingerprints, bodies))
-        return [answers.accepted(c) for c in counts]
+        self.chunks.append(_Chunk(keys, write.fingerprints, counts))
+        if uniform:  # one shared answer (nothing changes an Answer once given)
+            return [answers.accepted(int(counts[0]))] * len(write)
+        return [answers.accepted(c) for c in counts.tolist()]
 
-    def _all_new(self, slots: list[Slot]) -> bool:
+    def _all_new(self, keys: Keys) -> bool:
         if not self.known and not self.seen and not self.chunks:
             return True  # the usual case: nothing to compare with
-        wanted = set(slots)
+        wanted = set(keys.slots())
         return (
             wanted.isdisjoint(self.known)
             and wanted.isdisjoint(self.seen)
@@ -262,7 +265,7 @@ class _Group:
 
     def _index(self, number: int) -> dict[Slot, int]:
         while len(self._chunk_index) <= number:
-            slots = self.chunks[len(self._chunk_index)][0]
+            slots = self.chunks[len(self._chunk_index)].keys.slots()
             self._chunk_index.append(dict(zip(slots, range(len(slots)))))
         return self._chunk_index[number]
 
@@ -271,10 +274,11 @@ class _Group:
         stored = self.seen.get(slot)
         if stored is not None:
             return stored
-        for number, (_, fingerprints, bodies) in enumerate(self.chunks):
+        for number, chunk in enumerate(self.chunks):
             i = self._index(number).get(slot)
             if i is not None:
-                return StoredAnswer(fingerprints[i], 200, bodies[i])
+                body = answers.accepted_text(int(chunk.counts[i]))
+                return StoredAnswer(int(chunk.fingerprints[i]), 200, body)
         return self.known.get(slot)
 
     # ---- the writes, once decided ----
@@ -292,41 +296,63 @@ class _Group:
 
     def _record(self) -> None:
         """Keep the group's 2xx answers for their keys' replays, as columns."""
-        slots: list[Slot] = []
-        prints: list[int] = []
-        statuses: list[int] = []
+        keys = [chunk.keys for chunk in self.chunks]
+        prints = [chunk.fingerprints for chunk in self.chunks]
+        statuses = [np.full(len(chunk.keys), 200, dtype=np.int16) for chunk in self.chunks]
         bodies: list[str] = []
-        for chunk_slots, fingerprints, chunk_bodies in self.chunks:
-            slots += chunk_slots
-            prints += fingerprints
-            statuses += [200] * len(chunk_slots)
-            bodies += chunk_bodies
-        for slot, stored in self.recorded:
-            slots.append(slot)
-            prints.append(stored.fingerprint)
-            statuses.append(stored.status)
-            bodies.append(stored.body)
-        if not slots:
+        for chunk in self.chunks:
+            counts = chunk.counts
+            if (counts == counts[0]).all():
+                bodies += [answers.accepted_text(int(counts[0]))] * len(counts)
+            else:
+                bodies += map(answers.accepted_text, counts.tolist())
+        if self.recorded:
+            keys.append(Keys.of([slot for slot, _ in self.recorded]))
+            prints.append(np.array([s.fingerprint for _, s in self.recorded], dtype=np.int64))
+            statuses.append(np.array([s.status for _, s in self.recorded], dtype=np.int16))
+            bodies += [stored.body for _, stored in self.recorded]
+        if not bodies:
             return
-        org, hi, lo = (np.array(column, dtype=np.int64) for column in zip(*slots))
+        every = Keys.concat(keys)
         self.stores.ledger.record(
-            org,
-            hi,
-            lo,
-            np.array(prints, dtype=np.int64),
-            np.array(statuses, dtype=np.int16),
+            every.org,
+            every.hi,
+            every.lo,
+            np.concatenate(prints),
+            np.concatenate(statuses),
             bodies,
             self.now,
         )
 
 
-def _slots(envelopes: Sequence[Envelope]) -> list[Slot]:
+@dataclass(slots=True)
+class _Chunk:
+    """A batch's rank events decided at once: their keys, fingerprints and point counts
+    (each answered ``{"accepted": count}``)."""
+
+    keys: Keys
+    fingerprints: np.ndarray
+    counts: np.ndarray
+
+
+def _distinct(keys: Keys) -> bool:
+    """No key twice (a batch that repeats one is decided event by event)."""
+    hi = np.sort(keys.hi)
+    if not (hi[1:] == hi[:-1]).any():  # distinct halves: distinct keys (nearly always)
+        return True
+    return len(set(zip(keys.hi.tolist(), keys.lo.tolist()))) == len(keys)
+
+
+def _keys(envelopes: Sequence[Envelope]) -> Keys:
     """Every Idempotency-Key the envelopes carry."""
+    parts: list[Keys] = []
     slots: list[Slot] = []
     for envelope in envelopes:
         write = envelope.write
         if isinstance(write, RankEvents):
-            slots += zip(repeat(write.org_id), write.key_hi, write.key_lo)
+            parts.append(write.keys())
         elif envelope.idempotency is not None:
             slots.append((write.org_id, envelope.idempotency.key_hi, envelope.idempotency.key_lo))
-    return slots
+    if slots:
+        parts.append(Keys.of(slots))
+    return Keys.concat(parts)

@@ -20,6 +20,7 @@ import numpy as np
 
 from .records import (
     ApiKeyRecord,
+    Keys,
     RunRecord,
     RunRef,
     RunSpec,
@@ -132,7 +133,7 @@ class Ledger(Protocol):
 
     def release(self, slots: set[Slot]) -> None: ...
 
-    def lookup(self, slots: Sequence[Slot]) -> dict[Slot, StoredAnswer]:
+    def lookup(self, keys: Keys) -> dict[Slot, StoredAnswer]:
         """Stored answers of the keys that have one."""
         ...
 

@@ -106,6 +106,38 @@ class StoredAnswer:
 Slot = tuple[int, int, int]  # (org, key_hi, key_lo): an Idempotency-Key, reduced
 
 
+@dataclass(slots=True, frozen=True)
+class Keys:
+    """Idempotency-Keys in columns (org, key_hi, key_lo: int64 arrays of one length): a
+    batch's keys stay arrays from the route to the ledger, never a tuple per event."""
+
+    org: np.ndarray
+    hi: np.ndarray
+    lo: np.ndarray
+
+    @classmethod
+    def of(cls, slots: Sequence[Slot]) -> Keys:
+        if not slots:
+            empty = np.zeros(0, dtype=np.int64)
+            return cls(empty, empty, empty)
+        org, hi, lo = (np.fromiter(c, dtype=np.int64, count=len(slots)) for c in zip(*slots))
+        return cls(org, hi, lo)
+
+    @classmethod
+    def concat(cls, parts: Sequence[Keys]) -> Keys:
+        if len(parts) == 1:
+            return parts[0]
+        if not parts:
+            return cls.of([])
+        return cls(*(np.concatenate([getattr(k, c) for k in parts]) for c in ("org", "hi", "lo")))
+
+    def __len__(self) -> int:
+        return len(self.hi)
+
+    def slots(self) -> list[Slot]:
+        return list(zip(self.org.tolist(), self.hi.tolist(), self.lo.tolist(), strict=True))
+
+
 # Rank points in columns, one series at a time. ``seq`` orders writes of one unit of work:
 # of two writes of the same (step, rank), the one with the higher seq wins.
 RANK_COLUMNS: dict[str, Any] = {

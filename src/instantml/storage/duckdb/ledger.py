@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..records import Slot, StoredAnswer
+from ..records import Keys, Slot, StoredAnswer
 from .engine import Engine
 from .keyfilter import KeyFilter
 
@@ -89,10 +89,10 @@ class DuckDBLedger:
 
     # ---- answers ----
 
-    def lookup(self, slots: Sequence[Slot]) -> dict[Slot, StoredAnswer]:
-        if not slots:
+    def lookup(self, keys: Keys) -> dict[Slot, StoredAnswer]:
+        if not len(keys):
             return {}
-        org, hi, lo = (np.fromiter(c, dtype=np.int64, count=len(slots)) for c in zip(*slots))
+        org, hi, lo = keys.org, keys.hi, keys.lo
         maybe = np.flatnonzero(self._filter.might_contain(org, hi, lo))
         if not len(maybe):
             return {}  # every key is new: the usual case, and no lookup at all

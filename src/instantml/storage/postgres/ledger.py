@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..records import Slot, StoredAnswer
+from ..records import Keys, Slot, StoredAnswer
 from .engine import PgEngine
 
 CLAIM_LEASE = 300.0  # a claim outlives a request's longest wait; a dead process's expires
@@ -65,10 +65,10 @@ class PgLedger:
 
     # ---- answers ----
 
-    def lookup(self, slots: Sequence[Slot]) -> dict[Slot, StoredAnswer]:
-        if not slots:
+    def lookup(self, keys: Keys) -> dict[Slot, StoredAnswer]:
+        if not len(keys):
             return {}
-        org, hi, lo = (list(c) for c in zip(*slots))
+        org, hi, lo = keys.org.tolist(), keys.hi.tolist(), keys.lo.tolist()
         with self._engine.connection() as con:
             rows = con.execute(
                 "SELECT a.org_id, a.key_hi, a.key_lo, a.fingerprint, a.status, a.body"
