@@ -9,7 +9,10 @@
    and against a bare uvicorn + Starlette endpoint on the same uvicorn settings that only
    reads and parses the JSON body (the floor any Python server on this stack has).
    Alternated trials, medians.
-2. ``POST /api/ingest`` with --batches-event batches of 3 keys (2 senders): points/s.
+2. ``POST /api/ingest`` with --batches-event batches of 3 keys (2 senders): points/s,
+   against a second server that decodes batches in its own process
+   (INSTANTML_DECODE_PROCESSES=0), and against the floor: the store's own bulk write of
+   the same points and answers, in this process, no HTTP.
 3. ``instantml sync`` draining a spool of --sync-events events: events/s as it reports.
 
 The load generator shares this machine's cores with the server: figures are for both.
@@ -32,9 +35,14 @@ import uuid
 from pathlib import Path
 
 import httpx
+import numpy as np
 import orjson
 
+from instantml.server.commands import Envelope
 from instantml.server.process import ServerProcess
+from instantml.server.service import WriteService
+from instantml.storage import open_stores
+from instantml.storage.records import RANK, RunSpec
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_spool import drain, fill_spool, pct
@@ -55,6 +63,9 @@ BARE_APP = textwrap.dedent(
     app = Starlette(routes=[Route("/runs/{run_id}/rank-metrics", write, methods=["POST"])])
     """
 )
+
+
+METRICS = ("train/loss", "optimizer/grad_norm", "perf/step_ms")
 
 
 def body(step: int, rank: int) -> bytes:
@@ -151,9 +162,10 @@ class Bare:
         self.proc.wait()
 
 
-def ingest(url: str, key: str, run_id: str, batch: int, batches: int) -> float:
-    """Points/s through /api/ingest, ``batches`` batches of ``batch`` events x 3 keys, 2
-    senders (the batches are built before the clock starts)."""
+def ingest(url: str, key: str, run_id: str, batch: int, batches: int, senders: int = 2) -> float:
+    """Points/s through /api/ingest, ``batches`` batches of ``batch`` events x 3 keys,
+    ``senders`` at once (as the uploader's 2 pipelined batches; the batches are built
+    before the clock starts)."""
     path = f"/runs/{run_id}/rank-metrics"
     payloads = []
     for b in range(batches):
@@ -171,7 +183,9 @@ def ingest(url: str, key: str, run_id: str, batch: int, batches: int) -> float:
             for payload in mine:
                 http.post("/api/ingest", content=payload).raise_for_status()
 
-    threads = [threading.Thread(target=sender, args=(payloads[w::2],)) for w in range(2)]
+    threads = [
+        threading.Thread(target=sender, args=(payloads[w::senders],)) for w in range(senders)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -184,6 +198,46 @@ def new_run(server: ServerProcess) -> str:
     httpx.post(f"{server.url}/runs", json={"project": "bench", "id": run_id},
                headers={"Authorization": f"Bearer {server.admin_key}"}).raise_for_status()  # fmt: skip
     return run_id
+
+
+def store_floor(path: Path, batch: int, batches: int) -> float:
+    """Points/s of the store's own bulk write of the same batches, in this process: the
+    points of 3 keys, the runs' extents and one stored answer per event, one unit (one
+    COMMIT) per batch, columns built before the clock starts. What /api/ingest costs on
+    top of this is HTTP, decoding, checking, hashing and deciding."""
+    stores = open_stores(f"duckdb://{path}")
+    try:
+        org, _ = stores.tenancy.ensure_org("bench")
+        WriteService(stores).apply([Envelope(RunSpec(org, "floor", "bench", None, {}, [], {}))])
+        run = stores.runs.resolve(org, ["floor"])["floor"]
+        assert run is not None
+        with stores.unit():
+            sids = stores.runs.series_ids(run, RANK, list(METRICS))
+        rng = np.random.default_rng(0)
+        prepared = []
+        for b in range(batches):
+            n = b * batch + np.arange(batch)
+            columns = {
+                "step": n // 512, "rank": (n % 512).astype(np.int16),
+                "world_size": np.full(batch, 512, np.int16), "local_rank": (n % 8).astype(np.int16),
+                "weight": np.full(batch, 1024.0), "ts": np.full(batch, time.time()),
+                "seq": np.arange(batch),
+            }  # fmt: skip
+            keys = rng.integers(-(2**62), 2**62, size=(3, batch))
+            prepared.append((columns, keys, int(n[-1] // 512)))
+        start = time.perf_counter()
+        for columns, keys, last in prepared:
+            with stores.unit():
+                for sid in sids:
+                    stores.points.write_rank(sid, dict(columns, value=rng.random(batch)))
+                stores.runs.extend({run.seq: (512, last)})
+                stores.ledger.record(
+                    np.full(batch, org), keys[0], keys[1], keys[2],
+                    np.full(batch, 200, np.int16), ['{"accepted":3}'] * batch, time.time(),
+                )  # fmt: skip
+        return batches * batch * len(sids) / (time.perf_counter() - start)
+    finally:
+        stores.close()
 
 
 def main() -> int:
@@ -200,20 +254,33 @@ def main() -> int:
         tmp = Path(tmp_name)
         bare = Bare(tmp)
         ours_rows, bare_rows = [], []
+        inline_env = {"HOME": tmp_name, "INSTANTML_DECODE_PROCESSES": "0"}
         try:
-            with ServerProcess(tmp / "data", env={"HOME": tmp_name}) as server:
+            with (
+                ServerProcess(tmp / "data", env={"HOME": tmp_name}) as server,
+                ServerProcess(tmp / "inline", env=inline_env) as inline,
+            ):
                 for _ in range(args.trials):
                     ours_rows.append(
                         single_posts(server.url, server.admin_key, new_run(server), args.seconds)
                     )
                     bare_rows.append(single_posts(bare.url, "none", "x", args.seconds))
-                ingests = [
-                    ingest(server.url, server.admin_key, new_run(server), args.batches, 6)
-                    for _ in range(args.trials)
-                ]
-                spool = tmp / "spool"
-                fill_spool(spool, args.sync_events, new_run(server))
-                _, synced = drain(spool, server)
+                # The first large batch starts the decoding process: one untimed batch.
+                ingest(server.url, server.admin_key, new_run(server), args.batches, 1, 1)
+                time.sleep(2)
+                ingests, inlines, floors = [], [], []
+                for trial in range(args.trials):
+                    ingests.append(
+                        ingest(server.url, server.admin_key, new_run(server), args.batches, 6)
+                    )
+                    inlines.append(
+                        ingest(inline.url, inline.admin_key, new_run(inline), args.batches, 6)
+                    )
+                    floors.append(store_floor(tmp / f"floor{trial}.duckdb", args.batches, 6))
+                fill_spool(tmp / "spool", args.sync_events, new_run(server))
+                _, synced = drain(tmp / "spool", server)
+                fill_spool(tmp / "spool-inline", args.sync_events, new_run(inline))
+                _, synced_inline = drain(tmp / "spool-inline", inline)
         finally:
             bare.stop()
     med = statistics.median
@@ -230,9 +297,22 @@ def main() -> int:
         f"  bare endpoint: {floor:8,.0f} req/s  p50 {column(bare_rows, 1):6.1f} ms  p99 {column(bare_rows, 2):6.1f} ms"
     )
     print(f"  ratio        : {ours / floor:.3f} of bare")
-    print(f"\n/api/ingest, {args.batches:,}-event batches x 3 keys: {med(ingests):,.0f} points/s"
-          f" (trials: {', '.join(f'{x:,.0f}' for x in ingests)})")  # fmt: skip
-    print(f"instantml sync drain of {args.sync_events:,} events: {synced:,.0f} events/s")
+    print(
+        f"\n/api/ingest, {args.batches:,}-event batches x 3 keys, 2 senders (medians over trials):"
+    )
+
+    def line(label: str, values: list[float]) -> None:
+        trials = ", ".join(f"{x:,.0f}" for x in values)
+        print(f"  {label}: {med(values):9,.0f} points/s  (trials: {trials})")
+
+    line("decoded in a decoding process (default)", ingests)
+    line("decoded in the server process          ", inlines)
+    line("store's bulk write, no HTTP (the floor) ", floors)
+    print(f"  ratio to the floor: {med(ingests) / med(floors):.2f};"
+          f" decoding process vs in-server: {med(ingests) / med(inlines):.2f}x")  # fmt: skip
+    print(f"\ninstantml sync drain of {args.sync_events:,} events:")
+    print(f"  decoded in a decoding process (default): {synced:9,.0f} events/s")
+    print(f"  decoded in the server process          : {synced_inline:9,.0f} events/s")
     return 0
 
 

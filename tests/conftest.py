@@ -79,9 +79,12 @@ def server(
     server_home: Path,
     stores_env: Callable[[Path], dict[str, str]],
 ) -> Iterator[ServerProcess]:
-    """One server for the session; tests keep apart by using fresh run ids."""
+    """One server for the session; tests keep apart by using fresh run ids. Every ingest
+    batch it gets is decoded in its decoding process (once that is up), so the suites
+    that send batches hold that path to the same answers as the server's own."""
     data = tmp_path_factory.mktemp("server") / "data"
-    with ServerProcess(data, env={"HOME": str(server_home), **stores_env(data)}) as proc:
+    offload = {"INSTANTML_DECODE_PROCESSES": "1", "INSTANTML_DECODE_MIN_BYTES": "0"}
+    with ServerProcess(data, env={"HOME": str(server_home), **stores_env(data), **offload}) as proc:
         yield proc
 
 

@@ -39,6 +39,10 @@ class ServerSettings:
     # Server processes on the port (``--workers``): more than one needs stores every process
     # shares (PostgreSQL and a ClickHouse server), never an embedded file.
     workers: int = 1
+    # Processes that decode large /api/ingest batches beside the writer (server/
+    # batch_decoder.py); None: one per spare core, up to two. 0: decode in this process.
+    decode_processes: int | None = None
+    decode_min_bytes: int = 512 * 1024  # smaller batches are decoded in this process
 
     @property
     def metadata_url(self) -> str:
@@ -87,6 +91,14 @@ class ServerSettings:
         workers = _int_or_none(env.get("INSTANTML_WORKERS"), "INSTANTML_WORKERS")
         if workers:
             values["workers"] = workers
+        decoders = _int_or_none(env.get("INSTANTML_DECODE_PROCESSES"), "INSTANTML_DECODE_PROCESSES")
+        if decoders is not None:
+            values["decode_processes"] = decoders
+        min_bytes = _int_or_none(
+            env.get("INSTANTML_DECODE_MIN_BYTES"), "INSTANTML_DECODE_MIN_BYTES"
+        )
+        if min_bytes is not None:
+            values["decode_min_bytes"] = min_bytes
         max_body = _int_or_none(env.get("INSTANTML_MAX_BODY_BYTES"), "INSTANTML_MAX_BODY_BYTES")
         if max_body:
             values["max_body_bytes"] = max_body

@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from instantml.server.answers import Answer
-from instantml.server.commands import CreateRun, Envelope, RankEvents, Refresh
+from instantml.server.commands import CreateRun, Envelope, MetricMatrix, RankEvents, Refresh
 from instantml.server.guardrail import UsagePolicy, month_of
 from instantml.server.service import WriteService
 from instantml.storage import open_stores
@@ -41,12 +41,15 @@ def groups(draw: st.DrawFn) -> list[list[dict[str, Any]]]:
         # A plain group (every run known, every key new) is decided at once; a mixed one
         # event by event. Both must end the same.
         mixed = draw(st.booleans())
+        # One set of keys for every event (their values then travel as a MetricMatrix),
+        # or keys drawn per event (a list of dicts).
+        shared = draw(st.sampled_from([None, ("a",), ("a", "b")]))
         for _ in range(draw(st.integers(1, 30))):
             if mixed and next_id and draw(st.integers(0, 9)) == 0:
                 event_id = draw(st.integers(0, next_id - 1))  # a replay, or a reuse
             else:
                 event_id, next_id = next_id, next_id + 1
-            keys = draw(st.sampled_from([("a",), ("a", "b"), ("b", "a")]))
+            keys = shared or draw(st.sampled_from([("a",), ("a", "b"), ("b", "a")]))
             group.append(
                 {
                     "id": event_id,
@@ -75,7 +78,7 @@ def _write(org: int, events: list[dict[str, Any]]) -> RankEvents:
         local_ranks=[e["local"] for e in events],
         weights=[e["weight"] for e in events],
         timestamps=[1.0] * len(events),
-        metrics=[e["metrics"] for e in events],
+        metrics=MetricMatrix.of([e["metrics"] for e in events]) or [e["metrics"] for e in events],
         key_hi=np.array([e["id"] for e in events], dtype=np.int64),
         key_lo=np.full(len(events), 7, dtype=np.int64),
         # Same key, another body: its fingerprint differs, so the answer must be 422.

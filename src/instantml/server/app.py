@@ -6,8 +6,9 @@ import gc
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 
 from .. import dashboard
 from .._version import __version__
@@ -16,11 +17,12 @@ from ..storage import open_stores
 from ..storage.protocols import Stores
 from . import errors, unsupported
 from .auth import KeyRing
+from .batch_decoder import BatchDecoder, default_processes
 from .guardrail import UsagePolicy
 from .responses import JSONResponse
 from .routes import admin, ingest, metrics, runs, summary
 from .service import WriteService
-from .services import Services
+from .services import Services, services
 from .upload_order import UploadOrder
 from .writer import GroupCommitter
 
@@ -33,7 +35,12 @@ def create_app(settings: ServerSettings, stores: Stores | None = None) -> FastAP
         opened = stores or open_stores(settings.metadata_url, settings.points_url)
         service = WriteService(opened, UsagePolicy(settings.monthly_metric_points))
         writer = GroupCommitter(service)
+        processes = settings.decode_processes
+        decoder = BatchDecoder(
+            default_processes() if processes is None else processes, settings.decode_min_bytes
+        )
         app.state.services = Services(
+            decoder=decoder,
             settings=settings,
             stores=opened,
             keys=KeyRing(opened.tenancy),
@@ -49,6 +56,7 @@ def create_app(settings: ServerSettings, stores: Stores | None = None) -> FastAP
         try:
             yield
         finally:
+            decoder.close()
             writer.close()
             if stores is None:
                 opened.close()
@@ -71,11 +79,17 @@ def create_app(settings: ServerSettings, stores: Stores | None = None) -> FastAP
     dashboard.install(app)
 
     @app.get("/healthz", include_in_schema=True)
-    async def healthz() -> dict[str, str | int]:
+    async def healthz(request: Request) -> dict[str, Any]:
         # The pid lets a launcher (the demo, the tests) tell its own child's answer from
         # another server's on the same port: the process it started, which is the parent
         # of this one under --workers. worker_pid is the process that answered.
         pid = os.getppid() if settings.workers > 1 else os.getpid()
-        return {"status": "ok", "version": __version__, "pid": pid, "worker_pid": os.getpid()}
+        return {
+            "status": "ok",
+            "version": __version__,
+            "pid": pid,
+            "worker_pid": os.getpid(),
+            "batch_decoder": services(request).decoder.health(),
+        }
 
     return app

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..storage.records import RANK, RANK_COLUMNS, RunRef
-from .commands import RankEvents, WriteRankPoints
+from .commands import MetricMatrix, RankEvents, WriteRankPoints
 
 SeriesIds = Callable[[RunRef, int, Sequence[str]], list[int]]
 
@@ -42,8 +42,12 @@ class RankColumns:
         """Every event of ``write`` (every run known): grouped by (run, metric names)."""
         n = len(write)
         groups: dict[tuple[str, tuple[str, ...]], list[int]] = {}
+        matrix = write.metrics if isinstance(write.metrics, MetricMatrix) else None
         if len(runs) == 1 and len(names) == 1:
             groups[(write.run_ids[0], next(iter(names)))] = list(range(n))
+        elif matrix is not None:
+            for i, run_id in enumerate(write.run_ids):
+                groups.setdefault((run_id, matrix.names), []).append(i)
         else:
             for i, (run_id, metrics) in enumerate(zip(write.run_ids, write.metrics)):
                 groups.setdefault((run_id, tuple(metrics)), []).append(i)
@@ -61,14 +65,17 @@ class RankColumns:
             run = runs[run_id]
             assert run is not None
             rows: Any = np.array(members, dtype=np.int64) if len(groups) > 1 else slice(None)
-            group_metrics = (
-                write.metrics if len(groups) == 1 else [write.metrics[i] for i in members]
-            )
-            values = np.fromiter(
-                chain.from_iterable(map(dict.values, group_metrics)),
-                dtype=np.float64,
-                count=len(members) * len(keys),
-            ).reshape(len(members), len(keys))
+            if matrix is not None:
+                values = matrix.values[rows]
+            else:
+                group_metrics = (
+                    write.metrics if len(groups) == 1 else [write.metrics[i] for i in members]
+                )
+                values = np.fromiter(
+                    chain.from_iterable(map(dict.values, group_metrics)),
+                    dtype=np.float64,
+                    count=len(members) * len(keys),
+                ).reshape(len(members), len(keys))
             picked = {name: column[rows] for name, column in columns.items()}
             for j, sid in enumerate(series_ids(run, RANK, keys)):
                 self.chunks.setdefault(sid, []).append(dict(picked, value=values[:, j]))

@@ -3,8 +3,10 @@ an envelope with its Idempotency-Key (if any)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from itertools import chain
+from typing import Any, overload
 
 import numpy as np
 
@@ -41,6 +43,47 @@ class WriteRankPoints:
     timestamp: float
 
 
+class MetricMatrix(Sequence[dict[str, float]]):
+    """The metrics of events that all name the same keys in the same order (nearly every
+    batch): the names once, the values as an (events x keys) float64 matrix. Read as a
+    sequence it gives each event's dict, as a list of them would."""
+
+    __slots__ = ("names", "values")
+
+    def __init__(self, names: tuple[str, ...], values: np.ndarray) -> None:
+        self.names = names
+        self.values = values
+
+    @classmethod
+    def of(cls, metrics: list[dict[str, float]]) -> MetricMatrix | None:
+        """The matrix of these dicts, or None when they do not all share their keys' order."""
+        if not metrics:
+            return None
+        names = tuple(metrics[0])
+        if any(len(m) != len(names) for m in metrics) or len(set(map(tuple, metrics))) != 1:
+            return None
+        values = np.fromiter(
+            chain.from_iterable(map(dict.values, metrics)),
+            dtype=np.float64,
+            count=len(metrics) * len(names),
+        )
+        return cls(names, values.reshape(len(metrics), len(names)))
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    @overload
+    def __getitem__(self, index: int) -> dict[str, float]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[dict[str, float]]: ...
+
+    def __getitem__(self, index: int | slice) -> dict[str, float] | list[dict[str, float]]:
+        if isinstance(index, slice):
+            return [dict(zip(self.names, row)) for row in self.values[index].tolist()]
+        return dict(zip(self.names, self.values[index].tolist()))
+
+
 @dataclass(slots=True)
 class RankEvents:
     """Many rank-metrics events of one ``/api/ingest`` batch, in columns: the uploader's
@@ -55,13 +98,19 @@ class RankEvents:
     local_ranks: list[int]  # -1: not given
     weights: list[float]
     timestamps: list[float]
-    metrics: list[dict[str, float]]
+    metrics: Sequence[dict[str, float]]  # a MetricMatrix when every event has the same keys
     key_hi: np.ndarray  # int64, as the three columns below: the ledger takes them as they are
     key_lo: np.ndarray
     fingerprints: np.ndarray
 
     def __len__(self) -> int:
         return len(self.steps)
+
+    def names(self) -> set[tuple[str, ...]]:
+        """Each event's metric names, in order, as a set."""
+        if isinstance(self.metrics, MetricMatrix):
+            return {self.metrics.names}
+        return set(map(tuple, self.metrics))
 
     def keys(self) -> Keys:
         return Keys(np.full(len(self), self.org_id, dtype=np.int64), self.key_hi, self.key_lo)

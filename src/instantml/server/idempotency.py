@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import struct
+from functools import lru_cache
 from typing import Any
 
 import msgspec
@@ -57,8 +58,14 @@ def fingerprint(method: str, path: str, body: Any) -> int:
 
 
 def typed_fingerprint(path: str, body: RankBody) -> int:
-    (value,) = _INT64(xxhash.xxh3_64_digest(b"POST\0" + path.encode() + b"\0" + canonical(body)))
+    (value,) = _INT64(xxhash.xxh3_64_digest(fingerprint_prefix(path) + canonical(body)))
     return value
+
+
+@lru_cache(maxsize=4096)
+def fingerprint_prefix(path: str) -> bytes:
+    """What a typed fingerprint hashes before the body's canonical JSON."""
+    return b"POST\0" + path.encode() + b"\0"
 
 
 def make(org_id: int, key: str, method: str, path: str, body: Any) -> Idempotency:

@@ -15,15 +15,19 @@ exactly the same events (``tests/server/test_ingest_fast.py`` holds them to that
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any
+from collections.abc import Iterable
+from itertools import repeat
+from operator import attrgetter
+from typing import Annotated, Any, cast
 
 import msgspec
 import numpy as np
+import xxhash
 from msgspec import Meta
 
-from .commands import RankEvents
-from .idempotency import MAX_KEY_LENGTH, key_hash, typed_fingerprint
-from .rank_body import RankBody, rank_route
+from .commands import MetricMatrix, RankEvents
+from .idempotency import MAX_KEY_LENGTH, fingerprint_prefix, key_hash, typed_fingerprint
+from .rank_body import RankBody, canonical, rank_route
 
 
 # gc=False: these hold no cycles, and a batch makes tens of thousands of them; the cyclic
@@ -78,6 +82,84 @@ def raw_events(raw: bytes) -> list[msgspec.Raw]:
     return _RAW_BATCH.decode(raw).events
 
 
+def plain_batch(raw: bytes, org_id: int) -> tuple[list[str], RankEvents] | None:
+    """A batch whose every event is a plain rank event, in columns: (event ids, events).
+    None when any is not; the route then takes the batch event by event.
+
+    Pure (bytes in, columns out), so that it can run in a decoding process
+    (``batch_decoder.py``): nothing it returns is tied to this process."""
+    try:
+        events = _BATCH.decode(raw).events
+    except msgspec.DecodeError:
+        return None
+    write = columns_of(events, org_id, time.time())
+    if write is None:
+        return None
+    return list(map(_EVENT_ID, events)), write
+
+
+_EVENT_ID = attrgetter("event_id")
+_REQUEST = attrgetter("request")
+_FIELDS = [
+    attrgetter(name)
+    for name in ("step", "rank", "world_size", "local_rank", "weight", "timestamp", "metrics")
+]
+_NONFINITE = attrgetter("nonfinite")
+
+
+def columns_of(events: list[RankEvent], org_id: int, now: float) -> RankEvents | None:
+    """Decoded events as one write, in columns, if every one is plain (what
+    :meth:`RankEventsBuilder.take` takes); else None. The same columns the builder gives,
+    with the per-event work done by C-level maps and numpy instead of a Python loop."""
+    if not events:
+        return None
+    requests = list(map(_REQUEST, events))
+    if any(method != "POST" for method in set(map(attrgetter("method"), requests))):
+        return None
+    paths = list(map(attrgetter("path"), requests))
+    routes = {path: rank_route(path) for path in set(paths)}
+    if None in routes.values():
+        return None
+    runs = cast(dict[str, str], routes)
+    bodies = list(map(attrgetter("body"), requests))
+    if any(x is not None for x in map(_NONFINITE, bodies)):
+        return None
+    steps, ranks, sizes, locals_, weights, stamps, metrics = (
+        list(map(field, bodies)) for field in _FIELDS
+    )
+    size = np.array(sizes, dtype=np.int64)
+    local = np.array([-1 if x is None else x for x in locals_], dtype=np.int64)
+    if (np.array(ranks, dtype=np.int64) >= size).any() or (local >= size).any():
+        return None
+    keys = np.frombuffer(
+        b"".join(map(xxhash.xxh3_128_digest, map(str.encode, map(_EVENT_ID, events)))),
+        dtype=">i8",
+    ).astype(np.int64)
+    if len(runs) == 1:
+        prefixes: Iterable[bytes] = repeat(fingerprint_prefix(paths[0]))
+    else:
+        prefixes = map(fingerprint_prefix, paths)
+    prints = np.frombuffer(
+        b"".join(map(xxhash.xxh3_64_digest, map(bytes.__add__, prefixes, map(canonical, bodies)))),
+        dtype=">i8",
+    ).astype(np.int64)
+    matrix = MetricMatrix.of(metrics)
+    return RankEvents(
+        org_id,
+        [runs[path] for path in paths] if len(runs) > 1 else [runs[paths[0]]] * len(paths),
+        steps,
+        ranks,
+        sizes,
+        local.tolist(),
+        [1.0 if w is None else w for w in weights],
+        [now if t is None else t for t in stamps],
+        metrics if matrix is None else matrix,
+        keys[0::2].copy(),
+        keys[1::2].copy(),
+        prints,
+    )
+
+
 class RankEventsBuilder:
     def __init__(self, org_id: int) -> None:
         self.org_id = org_id
@@ -129,5 +211,8 @@ class RankEventsBuilder:
         """The events taken so far as one write; the builder starts empty again."""
         columns: list[Any] = [list(column) for column in zip(*self._rows, strict=True)]
         columns[-3:] = [np.array(column, dtype=np.int64) for column in columns[-3:]]
+        matrix = MetricMatrix.of(columns[7])
+        if matrix is not None:
+            columns[7] = matrix
         self.clear()
         return RankEvents(self.org_id, *columns)

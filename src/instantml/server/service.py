@@ -230,7 +230,7 @@ class _Group:
         run exists, every key is new and distinct, and the limit is out of reach. Otherwise
         each event is decided on its own, in order (its points still go as columns)."""
         org = write.org_id
-        names = set(map(tuple, write.metrics))  # each event's metric names, in order
+        names = write.names()  # each event's metric names, in order
         uniform = len(names) == 1
         counts = (
             np.full(len(write), len(next(iter(names))), dtype=np.int64)

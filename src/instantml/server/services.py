@@ -13,6 +13,7 @@ from ..settings import ServerSettings
 from ..storage.protocols import Stores
 from ..storage.records import ApiKeyRecord
 from .auth import KeyRing
+from .batch_decoder import BatchDecoder
 from .errors import ApiError
 from .service import WriteService
 from .upload_order import UploadOrder
@@ -27,6 +28,7 @@ class Services:
     service: WriteService  # the rules of every write
     writer: GroupCommitter  # applies the service's writes in group-commit transactions
     upload_order: UploadOrder  # ordered pipelining of /api/ingest (marks in the ledger)
+    decoder: BatchDecoder  # large /api/ingest batches, decoded in another process
 
 
 def services(request: Request) -> Services:

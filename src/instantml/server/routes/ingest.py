@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Annotated, Any
 
 import msgspec
@@ -12,9 +13,10 @@ from fastapi import APIRouter, Depends, Request
 from ...protocol import UPLOAD_ORDER_HEADER, is_final
 from ...storage.records import ApiKeyRecord
 from .. import idempotency, rank_events, schemas, upload_order, writes
+from ..answers import Answer
 from ..apply import apply_writes
 from ..body import parse_object, parse_value, read_body, refuse_tokens
-from ..commands import Envelope
+from ..commands import Envelope, RankEvents
 from ..errors import ApiError
 from ..responses import JSONResponse
 from ..services import require, services
@@ -64,15 +66,23 @@ async def _ingest(
 ) -> list[dict[str, Any]]:
     """Check every event, wait for ``turn`` (if any), apply, answer each event."""
     raw = await read_body(request)
+    found = services(request)
+    limit = found.settings.max_batch_events
+    decoded = await found.decoder.decode(raw, key.org_id)
+    if decoded is not None:  # plain rank events, in columns already
+        return await _plain(request, key, turn, limit, *decoded)
     events: list[Any] | None = rank_events.decode_batch(raw)
     if events is None:  # not plainly {"events": [...]}: the general parser says what is wrong
         body = parse_object(raw, tokens=True)
         events = body.get("events")
         if not isinstance(events, list):
             raise ApiError(422, "events must be a list")
-    limit = services(request).settings.max_batch_events
     if len(events) > limit:
         raise ApiError(413, f"events: at most {limit} events per batch, got {len(events)}")
+    if events and all(type(event) is rank_events.RankEvent for event in events):
+        write = rank_events.columns_of(events, key.org_id, time.time())
+        if write is not None:  # the usual batch: every event plain, taken in columns
+            return await _plain(request, key, turn, limit, [e.event_id for e in events], write)
     event_ids: list[str | None] = []
     refused: dict[int, ApiError] = {}  # answered before anything is applied
     envelopes: list[Envelope] = []
@@ -103,7 +113,37 @@ async def _ingest(
         envelopes.append(Envelope(columns.build()))
     if turn is not None:
         await turn()
-    outcomes = iter(await apply_writes(request, key.org_id, envelopes))
+    return _results(event_ids, refused, await apply_writes(request, key.org_id, envelopes))
+
+
+async def _plain(
+    request: Request,
+    key: ApiKeyRecord,
+    turn: Callable[[], Awaitable[None]] | None,
+    limit: int,
+    event_ids: list[str],
+    write: RankEvents,
+) -> list[dict[str, Any]]:
+    """A batch of plain rank events, already in columns: one write."""
+    if len(event_ids) > limit:
+        raise ApiError(413, f"events: at most {limit} events per batch, got {len(event_ids)}")
+    if turn is not None:
+        await turn()
+    return _results(event_ids, {}, await apply_writes(request, key.org_id, [Envelope(write)]))
+
+
+def _results(
+    event_ids: Sequence[str | None], refused: dict[int, ApiError], answered: list[Answer | None]
+) -> list[dict[str, Any]]:
+    """Each event's result, in order: refused before anything was applied, in flight
+    (409), or the write path's answer."""
+    first = answered[0] if answered else None
+    shared = first is not None and not first.replayed and not refused
+    if shared and all(outcome is first for outcome in answered):  # one answer for all: usual
+        assert first is not None
+        status, body = first.status, first.body
+        return [{"event_id": id_, "status": status, "body": body} for id_ in event_ids]
+    outcomes = iter(answered)
     results: list[dict[str, Any]] = []
     for index, event_id in enumerate(event_ids):
         early = refused.get(index) if refused else None
