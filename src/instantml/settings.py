@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from .health.thresholds import Thresholds
+from .health.thresholds import from_env as health_from_env
 
 
 def _int_or_none(raw: str | None, name: str) -> int | None:
@@ -43,6 +46,8 @@ class ServerSettings:
     # batch_decoder.py); None: one per spare core, up to two. 0: decode in this process.
     decode_processes: int | None = None
     decode_min_bytes: int = 512 * 1024  # smaller batches are decoded in this process
+    # Run-health thresholds (INSTANTML_HEALTH, a JSON object; a run's own go over them).
+    health: Thresholds = field(default_factory=Thresholds)
 
     @property
     def metadata_url(self) -> str:
@@ -99,6 +104,7 @@ class ServerSettings:
         )
         if min_bytes is not None:
             values["decode_min_bytes"] = min_bytes
+        values["health"] = health_from_env(env.get("INSTANTML_HEALTH"))
         max_body = _int_or_none(env.get("INSTANTML_MAX_BODY_BYTES"), "INSTANTML_MAX_BODY_BYTES")
         if max_body:
             values["max_body_bytes"] = max_body

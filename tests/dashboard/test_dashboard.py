@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Any
 
@@ -256,4 +257,28 @@ def test_console_lines_on_the_run_page(page: Any, server: ServerProcess, api: ht
         "warning: slow rank",
     ]
     assert page.query_selector("#console pre div.stderr").inner_text() == "warning: slow rank"
+    assert page.errors == []
+
+
+def test_the_health_badge_and_banner(page: Any, server: ServerProcess, api: httpx.Client) -> None:
+    # Rank 4 stops after step 29: a rank_missing alert (critical) from step 30.
+    writes = [Point(s, r, 1.0 + 0.01 * r, 1.0, r, 8) for s in range(40) for r in range(8)
+              if r != 4 or s < 30]  # fmt: skip
+    run_id = ingest(api, writes, name=f"health-{uuid.uuid4().hex[:6]}")
+    deadline = time.monotonic() + 30
+    while not api.get(f"/api/runs/{run_id}/health").json()["alerts"]:
+        assert time.monotonic() < deadline, "no alert"
+        time.sleep(0.1)
+    page.goto(f"{server.url}/?token={server.admin_key}#/runs")
+    page.wait_for_selector("main[data-ready=runs]")
+    row = page.locator("#runs tbody tr", has=page.locator(f"text={run_id}"))
+    assert row.locator(".health").get_attribute("data-health") == "critical"
+    row.locator("a.run-link").click()
+    page.wait_for_selector("#health-banner")
+    shot(page, "health-banner")
+    banner = page.inner_text("#health-banner")
+    assert "critical" in banner and "rank missing" in banner and "rank 4 · step 30" in banner
+    page.click("#health-banner a.alert-link")
+    page.wait_for_selector("main[data-ready=distributed]")
+    assert "step_min=0" in page.url and "step_max=80" in page.url
     assert page.errors == []

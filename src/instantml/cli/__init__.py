@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from .._version import __version__
-from . import admin, runs, sync
+from . import admin, runs, sync, watch
 from .http import ENV_HELP, CliError
 
 DESCRIPTION = """\
@@ -154,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sync.add_command(commands)
     runs.add_commands(commands)
+    watch.add_command(commands)
     admin.add_commands(commands)
     return parser
 

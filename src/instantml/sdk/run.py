@@ -15,6 +15,7 @@ from urllib.parse import quote
 import httpx
 
 from .. import validation
+from ..health.thresholds import check
 from . import config as sdk_config
 from . import lifecycle
 from .async_sender import AsyncSender
@@ -291,6 +292,7 @@ def init(
     spool_fsync: str = "periodic",
     spool_uploader: bool = False,
     transport: httpx.BaseTransport | None = None,
+    health: dict[str, Any] | None = None,
 ) -> Run:
     """Start (or join) a run.
 
@@ -306,11 +308,17 @@ def init(
     ``spool_fsync``: ``"periodic"`` (default, once a second), ``"event"`` or ``"none"``.
     ``transport``: an httpx transport for the sync and async modes to send through (an
     ``httpx.ASGITransport`` in tests, a proxy, a fault injector); default: the network.
+    ``health``: this run's run-health thresholds over the server's (README, "Run health"),
+    e.g. ``{"missing_steps": 5, "straggler_score": 0.6}``; kept as ``health/*`` attributes.
     """
     if upload_mode not in UPLOAD_MODES:
         raise ValueError(
             f"upload_mode must be one of {', '.join(UPLOAD_MODES)}, got {upload_mode!r}"
         )
+    thresholds = [
+        {"path": f"health/{name}", "type": "health", "value": check(name, value, "health")}
+        for name, value in (health or {}).items()
+    ]
     resolved_id = sdk_config.resolve_run_id(run_id)
     env = os.environ
     _warn_unshared_run(run_id)
@@ -341,6 +349,9 @@ def init(
     # Run creation is an ordinary event: in async mode init never waits on the server.
     try:
         sink.submit("POST", "/runs", body)
+        if thresholds:
+            attributes_path = f"/api/runs/{quote(resolved_id)}/attributes"
+            sink.submit("POST", attributes_path, {"attributes": thresholds})
     except BaseException:
         sink.close(0)
         raise

@@ -12,6 +12,8 @@ from fastapi import FastAPI, Request
 
 from .. import dashboard
 from .._version import __version__
+from ..health.monitor import HealthMonitor
+from ..health.webhooks import Deliverer
 from ..settings import ServerSettings
 from ..storage import open_stores
 from ..storage.protocols import Stores
@@ -20,7 +22,7 @@ from .auth import KeyRing
 from .batch_decoder import BatchDecoder, default_processes
 from .guardrail import UsagePolicy
 from .responses import JSONResponse
-from .routes import admin, ingest, metrics, runs, summary
+from .routes import admin, health, ingest, metrics, runs, summary
 from .service import WriteService
 from .services import Services, services
 from .upload_order import UploadOrder
@@ -39,8 +41,12 @@ def create_app(settings: ServerSettings, stores: Stores | None = None) -> FastAP
         decoder = BatchDecoder(
             default_processes() if processes is None else processes, settings.decode_min_bytes
         )
+        deliverer = Deliverer(opened.health)
+        monitor = HealthMonitor(opened, settings.health, on_opened=deliverer.wake)
+        service.on_points = monitor.touched
         app.state.services = Services(
             decoder=decoder,
+            monitor=monitor,
             settings=settings,
             stores=opened,
             keys=KeyRing(opened.tenancy),
@@ -58,6 +64,8 @@ def create_app(settings: ServerSettings, stores: Stores | None = None) -> FastAP
         finally:
             decoder.close()
             writer.close()
+            monitor.close()
+            deliverer.close()
             if stores is None:
                 opened.close()
 
@@ -74,6 +82,7 @@ def create_app(settings: ServerSettings, stores: Stores | None = None) -> FastAP
     app.include_router(metrics.router)
     app.include_router(ingest.router)
     app.include_router(summary.router)
+    app.include_router(health.router)
     app.include_router(admin.router)
     app.include_router(unsupported.router)  # last: 501s for the public SDK's other features
     dashboard.install(app)

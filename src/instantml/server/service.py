@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,6 +64,9 @@ class WriteService:
         self.policy = policy or UsagePolicy()
         self._last_prune = float("-inf")
         self._maintain_after = float("-inf")
+        # Told, after each committed unit, the (org, run id) of the runs it wrote rank
+        # points to (the run-health monitor).
+        self.on_points: Callable[[set[tuple[int, str]]], None] | None = None
 
     def apply(self, envelopes: list[Envelope]) -> list[Answer]:
         """Apply in order in one unit of work; one answer per envelope (a RankEvents
@@ -72,11 +75,14 @@ class WriteService:
         answers 503."""
         try:
             with self.stores.unit():
-                result = _Group(self, envelopes).apply()
+                group = _Group(self, envelopes)
+                result = group.apply()
         except Exception:
             if len(envelopes) == 1:
                 raise
             return [self._apply_alone(envelope) for envelope in envelopes]
+        if group.touched and self.on_points is not None:
+            self.on_points(group.touched)
         self._prune()
         return result
 
@@ -136,6 +142,7 @@ class _Group:
         self._chunk_index: list[dict[Slot, int]] = []
         self.known = self.stores.ledger.lookup(_keys(envelopes))
         self.recorded: list[tuple[Slot, StoredAnswer]] = []
+        self.touched: set[tuple[int, str]] = set()  # runs given rank points
 
     def apply(self) -> list[Answer]:
         out = []
@@ -194,6 +201,7 @@ class _Group:
             return refused
         if isinstance(write, WriteRankPoints):
             self.points.add(write, run, runs.series_ids)
+            self.touched.add((write.org_id, write.run_id))
         elif isinstance(write, WriteScalars):
             keys = list(write.metrics)
             for sid, value in zip(runs.series_ids(run, SCALAR, keys), write.metrics.values()):
@@ -248,6 +256,7 @@ class _Group:
         if not plain:
             return [self._one(envelope) for envelope in write.envelopes()]
         self.points.add_events(write, runs, names, self.stores.runs.series_ids)
+        self.touched.update((org, run_id) for run_id in runs)
         self.chunks.append(_Chunk(keys, write.fingerprints, counts))
         if uniform:  # one shared answer (nothing changes an Answer once given)
             return [answers.accepted(int(counts[0]))] * len(write)

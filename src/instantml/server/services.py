@@ -9,6 +9,7 @@ from typing import Any, cast
 
 from fastapi import Request
 
+from ..health.monitor import HealthMonitor
 from ..settings import ServerSettings
 from ..storage.protocols import Stores
 from ..storage.records import ApiKeyRecord
@@ -29,6 +30,7 @@ class Services:
     writer: GroupCommitter  # applies the service's writes in group-commit transactions
     upload_order: UploadOrder  # ordered pipelining of /api/ingest (marks in the ledger)
     decoder: BatchDecoder  # large /api/ingest batches, decoded in another process
+    monitor: HealthMonitor  # run-health detectors, fed the runs each unit wrote to
 
 
 def services(request: Request) -> Services:

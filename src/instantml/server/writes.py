@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from .. import validation
+from ..health.thresholds import check
 from . import unsupported
 from .commands import (
     CreateRun,
@@ -176,15 +177,26 @@ def rank_points(org_id: int, run_id: str, body: dict[str, Any]) -> WriteRankPoin
     )
 
 
+HEALTH_TYPE, HEALTH_PREFIX = "health", "health/"  # health/monitor.py reads them
+
+
 def attributes(org_id: int, run_id: str, body: dict[str, Any]) -> WriteAttributes:
     # The public SDK sends {"attributes": [...]} for config/tags/notes, or one bare attribute.
     items = body.get("attributes", [body] if "path" in body else None)
     if not isinstance(items, list) or not items or not all(isinstance(a, dict) for a in items):
         raise ApiError(422, "attributes must be a non-empty list of objects")
-    for item in items:
+    for index, item in enumerate(items):
         for name in ("path", "type"):
             if isinstance(item.get(name), str):
                 _plain(item[name], f"attributes[].{name}")
+        if item.get("type") == HEALTH_TYPE:  # a run's health thresholds: checked here
+            path = item.get("path")
+            if not isinstance(path, str) or not path.startswith(HEALTH_PREFIX):
+                raise ApiError(422, f"attributes[{index}].path must be '{HEALTH_PREFIX}<name>'")
+            try:
+                check(path[len(HEALTH_PREFIX) :], item.get("value"), f"attributes[{index}].health")
+            except ValueError as exc:
+                raise ApiError(422, str(exc)) from None
     storable(items, "attributes")
     return WriteAttributes(org_id=org_id, run_id=run_id, attributes=items, timestamp=time.time())
 

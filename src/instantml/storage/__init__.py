@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from .protocols import Ledger, PointStore, Runs, Stores, Tenancy
+from .protocols import HealthStore, Ledger, PointStore, Runs, Stores, Tenancy
 
 
 @dataclass
@@ -22,6 +22,7 @@ class Metadata:
     tenancy: Tenancy
     runs: Runs
     ledger: Ledger
+    health: HealthStore
     unit: Callable[[], AbstractContextManager[None]]
     close: Callable[[], None]
 
@@ -48,12 +49,13 @@ def _duckdb_engine(url: str, engines: _Engines) -> Any:
 
 
 def _duckdb_metadata(url: str, engines: _Engines) -> Metadata:
-    from .duckdb import DuckDBLedger, DuckDBRuns, DuckDBTenancy
+    from .duckdb import DuckDBHealth, DuckDBLedger, DuckDBRuns, DuckDBTenancy
 
     engine = _duckdb_engine(url, engines)
     return Metadata(
-        DuckDBTenancy(engine), DuckDBRuns(engine), DuckDBLedger(engine), engine.unit, engine.close
-    )
+        DuckDBTenancy(engine), DuckDBRuns(engine), DuckDBLedger(engine), DuckDBHealth(engine),
+        engine.unit, engine.close,
+    )  # fmt: skip
 
 
 def _duckdb_points(url: str, engines: _Engines) -> Points:
@@ -77,9 +79,12 @@ def _extra(name: str, url: str) -> Iterator[None]:
 
 def _postgres_metadata(url: str, engines: _Engines) -> Metadata:
     with _extra("postgres", url):
-        from .postgres import PgEngine, PgLedger, PgRuns, PgTenancy
+        from .postgres import PgEngine, PgHealth, PgLedger, PgRuns, PgTenancy
     engine = PgEngine(url)
-    return Metadata(PgTenancy(engine), PgRuns(engine), PgLedger(engine), engine.unit, engine.close)
+    return Metadata(
+        PgTenancy(engine), PgRuns(engine), PgLedger(engine), PgHealth(engine), engine.unit,
+        engine.close,
+    )  # fmt: skip
 
 
 METADATA_BACKENDS: dict[str, Callable[[str, _Engines], Metadata]] = {
@@ -139,7 +144,10 @@ def open_stores(metadata_url: str, points_url: str | None = None) -> Stores:
         points.close()
         metadata.close()
 
-    return Stores(metadata.tenancy, metadata.runs, metadata.ledger, points.points, unit, close)
+    return Stores(
+        metadata.tenancy, metadata.runs, metadata.ledger, points.points, unit, close,
+        metadata.health,
+    )  # fmt: skip
 
 
 def _nested(

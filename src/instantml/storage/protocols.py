@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from .records import (
+    AlertRecord,
     ApiKeyRecord,
+    Delivery,
     Keys,
     RunRecord,
     RunRef,
@@ -28,6 +30,7 @@ from .records import (
     Slot,
     StoredAnswer,
     SummaryRows,
+    WebhookRecord,
 )
 
 if TYPE_CHECKING:
@@ -226,6 +229,54 @@ class PointStore(Protocol):
         it reported."""
         ...
 
+    def window_points(self, series_id: int, steps: int) -> dict[str, np.ndarray]:
+        """The series' points over its last ``steps`` steps: columns ``step``, ``rank``,
+        ``value``, ``weight``, ``world_size``, ``ts`` (one row per (step, rank))."""
+        ...
+
+
+class HealthStore(Protocol):
+    """Run-health alerts, webhooks and the webhook outbox (``health_sql.py``): written in
+    transactions of their own, never in a write's unit."""
+
+    def alerts(self, org_id: int, run_id: str, open_only: bool = False) -> list[AlertRecord]:
+        """The run's alerts, oldest first."""
+        ...
+
+    def open_kinds(self, org_id: int, run_ids: Sequence[str]) -> dict[str, list[str]]:
+        """Per run, the kinds of its open alerts."""
+        ...
+
+    def change(
+        self,
+        opened: Sequence[AlertRecord],
+        resolved: Sequence[str],
+        resolved_at: float,
+        body: Callable[[AlertRecord], dict[str, Any]],
+    ) -> list[AlertRecord]:
+        """Open alerts (each unless one of its identity is open; returns those opened),
+        resolve others (by id), and queue the opened ones' webhook deliveries: one
+        transaction."""
+        ...
+
+    def add_webhook(self, hook: WebhookRecord) -> None: ...
+
+    def webhooks(self, org_id: int) -> list[WebhookRecord]: ...
+
+    def delete_webhook(self, org_id: int, webhook_id: str) -> bool: ...
+
+    def due(self, now: float, limit: int, lease: float) -> list[Delivery]:
+        """Deliveries due now, claimed for ``lease`` seconds."""
+        ...
+
+    def delivered(self, delivery_id: str, at: float) -> None: ...
+
+    def failed(self, delivery: Delivery, at: float, error: str) -> None:
+        """A failed attempt: retried later with backoff, or given up."""
+        ...
+
+    def deliveries(self, alert_id: str) -> list[dict[str, Any]]: ...
+
 
 @dataclass(frozen=True)
 class Stores:
@@ -237,3 +288,4 @@ class Stores:
     points: PointStore
     unit: Callable[[], AbstractContextManager[None]]
     close: Callable[[], None]
+    health: HealthStore

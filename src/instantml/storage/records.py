@@ -251,3 +251,68 @@ def key_listing(rows: Iterable[Sequence[Any]]) -> list[dict[str, Any]]:
         }
         for kid, org, scopes, created, revoked in rows
     ]
+
+
+@dataclass(slots=True)
+class AlertRecord:
+    """A run-health alert (DESIGN.md, "Run health"): open until ``resolved_at``."""
+
+    alert_id: str
+    org_id: int
+    run_id: str
+    kind: str
+    rank: int
+    key: str | None
+    since_step: int
+    since_time: float
+    message: str
+    opened_at: float
+    resolved_at: float | None = None
+
+    @property
+    def ident(self) -> tuple[str, int, str]:
+        return (self.kind, self.rank, self.key or "")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.alert_id,
+            "kind": self.kind,
+            "rank": self.rank,
+            "key": self.key,
+            "since_step": self.since_step,
+            "since_time": self.since_time,
+            "message": self.message,
+            "resolved": self.resolved_at is not None,
+            "opened_at": self.opened_at,
+            "resolved_at": self.resolved_at,
+        }
+
+
+@dataclass(slots=True)
+class WebhookRecord:
+    webhook_id: str
+    org_id: int
+    url: str
+    kinds: list[str]
+    secret: str
+    created_at: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.webhook_id,
+            "url": self.url,
+            "kinds": self.kinds,
+            "secret": self.secret,
+            "created_at": self.created_at,
+        }
+
+
+@dataclass(slots=True)
+class Delivery:
+    """One alert's post to one webhook, from the outbox."""
+
+    delivery_id: str
+    url: str
+    secret: str
+    body: str
+    attempts: int

@@ -153,6 +153,7 @@ async function showRuns(params) {
       render: (r) => el("a", { href: `#/runs/${encodeURIComponent(r.id)}`, class: "run-link", text: r.name || r.id }) },
     { title: "project", value: (r) => r.project },
     { title: "status", value: (r) => r.status, render: statusBadge },
+    { title: "health", value: (r) => HEALTH_ORDER[r.health] ?? 0, render: healthBadge },
     { title: "world size", value: (r) => r.world_size, num: true },
     { title: "last step", value: (r) => r.last_step, num: true },
     { title: "created", value: (r) => r.created_at, render: (r) => new Date(r.created_at * 1000).toLocaleString() },
@@ -163,11 +164,42 @@ async function showRuns(params) {
   main.dataset.ready = "runs";
 }
 
+// ---------- run health ----------
+
+const HEALTH_ORDER = { ok: 0, warning: 1, critical: 2 };
+
+function healthBadge(run) {
+  const state = run.health || "ok";
+  return el("span", { class: `health ${state}`, "data-health": state, text: state });
+}
+
+// Open alerts as a banner: each names its rank and step, and links to the Distributed tab
+// at that step (with its key, when the alert has one).
+function healthBanner(run, health) {
+  const open = health.alerts.filter((a) => !a.resolved);
+  if (!open.length) return null;
+  const base = `#/runs/${encodeURIComponent(run.id)}/distributed`;
+  const items = open.map((a) => {
+    const params = new URLSearchParams();
+    if (a.key) params.set("key", a.key);
+    params.set("step_min", String(Math.max(0, a.since_step - 50)));
+    params.set("step_max", String(a.since_step + 50));
+    return el("li", { class: "alert", "data-kind": a.kind },
+      el("b", { text: a.kind.replace("_", " ") }), " · ",
+      el("a", { href: `${base}?${params}`, class: "alert-link", text: `rank ${a.rank}${a.key ? ` · ${a.key}` : ""} · step ${a.since_step}` }),
+      el("span", { class: "muted", text: ` — ${a.message}` }));
+  });
+  return el("div", { class: `card banner ${health.status}`, id: "health-banner" },
+    el("h3", { text: `Run health: ${health.status} (${open.length} open alert${open.length > 1 ? "s" : ""})` }),
+    el("ul", {}, ...items));
+}
+
 // ---------- run page ----------
 
 async function showRun(runId, tab, params) {
-  const [{ run }, { keys }] = await Promise.all([
+  const [{ run }, { keys }, health] = await Promise.all([
     api(`/runs/${encodeURIComponent(runId)}`), api(`/api/runs/${encodeURIComponent(runId)}/keys`),
+    api(`/api/runs/${encodeURIComponent(runId)}/health`),
   ]);
   crumbs({ text: "Runs", href: "#/runs" }, { text: run.project }, { text: run.name || run.id });
   const rankKeys = keys.filter((k) => k.kind === "rank").map((k) => k.key);
@@ -178,10 +210,11 @@ async function showRun(runId, tab, params) {
     el("a", { href: `${base}/distributed`, id: "tab-distributed", class: tab === "distributed" ? "active" : "", text: "Distributed" }));
   const head = el("div", { class: "card" },
     el("h2", { text: run.name || run.id }),
-    el("div", {}, statusBadge(run), ` · project `, el("b", { text: run.project }), ` · id `, el("code", { text: run.id }),
+    el("div", {}, statusBadge(run), " ", healthBadge(run), ` · project `, el("b", { text: run.project }), ` · id `, el("code", { text: run.id }),
       ` · world size ${fmt(run.world_size)} · last step ${fmt(run.last_step)}`));
   const body = el("div");
-  main.replaceChildren(head, tabs, body);
+  const banner = healthBanner(run, health);
+  main.replaceChildren(...(banner ? [head, banner] : [head]), tabs, body);
   if (tab === "distributed") await showDistributed(run, rankKeys, params, body);
   else await showOverview(run, scalarKeys, body);
   if (run.status === "running") {

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 from starlette.concurrency import run_in_threadpool
 
+from ...health.detectors import status
 from ...storage.records import ApiKeyRecord
 from .. import schemas, writes
 from ..apply import apply_one
@@ -29,10 +30,12 @@ async def create_run(request: Request, key: Ingest) -> JSONResponse:
 
 @router.get("/runs/{run_id}")
 async def get_run(request: Request, run_id: str, key: Read) -> dict[str, Any]:
-    record = await run_in_threadpool(services(request).stores.runs.get_run, key.org_id, run_id)
+    stores = services(request).stores
+    record = await run_in_threadpool(stores.runs.get_run, key.org_id, run_id)
     if record is None:
         raise ApiError(404, f"run {run_id!r} not found")
-    return {"run": record.to_json()}
+    kinds = await run_in_threadpool(stores.health.open_kinds, key.org_id, [run_id])
+    return {"run": {**record.to_json(), "health": status(kinds.get(run_id, []))}}
 
 
 @router.patch("/runs/{run_id}", openapi_extra=schemas.PATCH_RUN)
@@ -49,6 +52,14 @@ async def list_runs(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> dict[str, Any]:
     """The org's runs, newest first, optionally of one project."""
-    runs = services(request).stores.runs
-    records = await run_in_threadpool(runs.list_runs, key.org_id, project, limit)
-    return {"runs": [record.to_json() for record in records]}
+    stores = services(request).stores
+    records = await run_in_threadpool(stores.runs.list_runs, key.org_id, project, limit)
+    kinds = await run_in_threadpool(
+        stores.health.open_kinds, key.org_id, [record.run_id for record in records]
+    )
+    return {
+        "runs": [
+            {**record.to_json(), "health": status(kinds.get(record.run_id, []))}
+            for record in records
+        ]
+    }

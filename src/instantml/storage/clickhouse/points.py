@@ -119,6 +119,9 @@ class ChPoints:
     ) -> tuple[tuple[int, int] | None, dict[int, tuple[float, int]]]:
         return summary.window_medians(self._engine, series_id, window)
 
+    def window_points(self, series_id: int, steps: int) -> dict[str, np.ndarray]:
+        return summary.window_points(self._engine, series_id, steps)
+
     # ---- the unit ----
 
     def begin(self) -> _Staged:

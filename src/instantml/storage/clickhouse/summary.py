@@ -217,3 +217,30 @@ def window_medians(
         {"sid": series_id, "first": first, "last": last},
     )
     return (int(first), int(last)), {int(r): (float(m), int(n)) for r, m, n in medians}
+
+
+def window_points(engine: ChEngine, series_id: int, steps: int) -> dict[str, np.ndarray]:
+    """The points of the series' last ``steps`` steps (every step written has a row in
+    stale_steps)."""
+    count, first = engine.rows(
+        "SELECT count(), min(step) FROM (SELECT step FROM"
+        f" {engine.table('stale_steps')} FINAL WHERE series_id = {{sid:UInt64}}"
+        " ORDER BY step DESC LIMIT {steps:UInt32})",
+        {"sid": series_id, "steps": steps},
+    )[0]
+    rows = []
+    if count:
+        rows = engine.rows(
+            "SELECT step, rank, value, weight, world_size, ts FROM"
+            f" {engine.table('rank_points')} FINAL WHERE series_id = {{sid:UInt64}}"
+            " AND step >= {first:Int64} ORDER BY step, rank",
+            {"sid": series_id, "first": first},
+        )
+    dtypes = (np.int64, np.int64, np.float64, np.float64, np.int64, np.float64)
+    columns = list(zip(*rows, strict=True)) if rows else [()] * len(dtypes)
+    return {
+        name: np.array(column, dtype=dtype)
+        for name, column, dtype in zip(
+            ("step", "rank", "value", "weight", "world_size", "ts"), columns, dtypes, strict=True
+        )
+    }

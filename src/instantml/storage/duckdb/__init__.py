@@ -9,6 +9,7 @@ while one process owns the file, is listed in docs/decisions.md.
 from __future__ import annotations
 
 from .engine import Engine
+from .health import DuckDBHealth
 from .ledger import DuckDBLedger
 from .points import DuckDBPoints
 from .runs import DuckDBRuns
@@ -20,4 +21,12 @@ def engine_path(url: str) -> str:
     return url.split("://", 1)[1] or ":memory:"
 
 
-__all__ = ["DuckDBLedger", "DuckDBPoints", "DuckDBRuns", "DuckDBTenancy", "Engine", "engine_path"]
+__all__ = [
+    "DuckDBHealth",
+    "DuckDBLedger",
+    "DuckDBPoints",
+    "DuckDBRuns",
+    "DuckDBTenancy",
+    "Engine",
+    "engine_path",
+]

@@ -218,6 +218,9 @@ class DuckDBPoints:
     ) -> tuple[tuple[int, int] | None, dict[int, tuple[float, int]]]:
         return summary.window_medians(self._engine.cursor(), series_id, window)
 
+    def window_points(self, series_id: int, steps: int) -> dict[str, np.ndarray]:
+        return summary.window_points(self._engine.cursor(), series_id, steps)
+
     # ---- the unit ----
 
     def begin(self) -> None:

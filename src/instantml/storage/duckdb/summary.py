@@ -293,3 +293,27 @@ def window_medians(
         {"sid": series_id, "first": first, "last": last},
     ).fetchall()
     return (int(first), int(last)), {int(r): (float(m), int(n)) for r, m, n in medians}
+
+
+def window_points(
+    cur: duckdb.DuckDBPyConnection, series_id: int, steps: int
+) -> dict[str, np.ndarray]:
+    """The points of the series' last ``steps`` steps (found from the step rows)."""
+    rows = cur.execute(
+        "SELECT min(step) FROM (SELECT step FROM step_stats WHERE series_id = $sid"
+        " UNION SELECT step FROM stale_steps WHERE series_id = $sid"
+        " ORDER BY step DESC LIMIT $steps)",
+        {"sid": series_id, "steps": steps},
+    ).fetchall()
+    first = rows[0][0]
+    if first is None:
+        first = np.iinfo(np.int64).max
+    found = cur.execute(
+        "SELECT step, rank, value, weight, world_size, ts FROM rank_points"
+        " WHERE series_id = $sid AND step >= $first ORDER BY step, rank",
+        {"sid": series_id, "first": first},
+    ).fetchnumpy()
+    return {name: np.asarray(found[name]) for name in WINDOW_COLUMNS}
+
+
+WINDOW_COLUMNS = ("step", "rank", "value", "weight", "world_size", "ts")

@@ -5,8 +5,9 @@ extra (psycopg 3 and its pool)."""
 from __future__ import annotations
 
 from .engine import PgEngine
+from .health import PgHealth
 from .ledger import PgLedger
 from .runs import PgRuns
 from .tenancy import PgTenancy
 
-__all__ = ["PgEngine", "PgLedger", "PgRuns", "PgTenancy"]
+__all__ = ["PgEngine", "PgHealth", "PgLedger", "PgRuns", "PgTenancy"]

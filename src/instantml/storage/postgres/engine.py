@@ -65,6 +65,24 @@ CREATE TABLE upload_batches (
     PRIMARY KEY (org_id, session, seq));
 CREATE INDEX upload_batches_created ON upload_batches (created_at);
 """,
+    3: """
+CREATE TABLE alerts (
+    alert_id TEXT PRIMARY KEY, org_id BIGINT NOT NULL, run_id TEXT NOT NULL,
+    kind TEXT NOT NULL, rank INTEGER NOT NULL, key TEXT NOT NULL,
+    since_step BIGINT NOT NULL, since_time DOUBLE PRECISION NOT NULL, message TEXT NOT NULL,
+    opened_at DOUBLE PRECISION NOT NULL, resolved_at DOUBLE PRECISION);
+CREATE UNIQUE INDEX alerts_open ON alerts (org_id, run_id, kind, rank, key)
+    WHERE resolved_at IS NULL;
+CREATE INDEX alerts_run ON alerts (org_id, run_id);
+CREATE TABLE webhooks (
+    webhook_id TEXT PRIMARY KEY, org_id BIGINT NOT NULL, url TEXT NOT NULL,
+    kinds TEXT NOT NULL, secret TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL);
+CREATE TABLE deliveries (
+    delivery_id TEXT PRIMARY KEY, webhook_id TEXT NOT NULL, alert_id TEXT NOT NULL,
+    body TEXT NOT NULL, attempts INTEGER NOT NULL, next_at DOUBLE PRECISION NOT NULL,
+    delivered_at DOUBLE PRECISION, failed_at DOUBLE PRECISION, last_error TEXT);
+CREATE INDEX deliveries_due ON deliveries (next_at) WHERE delivered_at IS NULL;
+""",
 }
 SCHEMA_VERSION = max(MIGRATIONS, default=1)
 

@@ -1,0 +1,182 @@
+"""The run-health monitor: a thread that re-evaluates the detectors of every run that got
+rank points (told by the write service after each committed unit), at most every
+``interval`` seconds per run, from the stores' committed data; opens an alert for each new
+finding and resolves the open alerts whose finding is gone (``HealthStore.change``, which
+also queues their webhook deliveries).
+
+It never runs in the write path: ingest only adds a run to a set. Reads are bounded: each
+rank key's last steps (``window_points``: the steps since the last evaluation, at least
+64, at most 4,096), and each timing key's per-rank medians over ``straggler_window``."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from ..storage.health_sql import new_id
+from ..storage.protocols import Stores
+from ..storage.records import RANK, AlertRecord, RunRecord
+from ..summary.stragglers import is_timing_key
+from . import detectors
+from .detectors import Finding, KeyWindow
+from .thresholds import Thresholds, check
+
+log = logging.getLogger(__name__)
+
+MIN_WINDOW, MAX_WINDOW = 64, 4096
+ATTRIBUTE_TYPE, ATTRIBUTE_PREFIX = "health", "health/"  # as server/writes.py checks them
+
+
+def webhook_body(alert: AlertRecord, run: RunRecord) -> dict[str, Any]:
+    """What a webhook is posted: Slack's ``text``, the alert as the health API gives it,
+    and the run."""
+    where = f"{run.project}/{run.name or run.run_id}"
+    return {
+        "text": f":rotating_light: InstantML run {where}: {alert.kind} - {alert.message}",
+        "alert": alert.to_json(),
+        "run": {"id": run.run_id, "project": run.project, "name": run.name},
+    }
+
+
+def _alert(org_id: int, run_id: str, finding: Finding, now: float) -> AlertRecord:
+    f = finding
+    return AlertRecord(
+        new_id("alr"), org_id, run_id, f.kind, f.rank, f.key, f.since_step, f.since_time,
+        f.message, now,
+    )  # fmt: skip
+
+
+class HealthMonitor:
+    def __init__(
+        self,
+        stores: Stores,
+        thresholds: Thresholds,
+        on_opened: Callable[[], None] | None = None,
+        interval: float = 0.5,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._stores = stores
+        self._thresholds = thresholds
+        self._on_opened = on_opened
+        self._interval = interval
+        self._clock = clock
+        self._dirty: set[tuple[int, str]] = set()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._last_eval: dict[tuple[int, str], float] = {}
+        self._last_step: dict[tuple[int, str], int] = {}
+        self._known_last: dict[tuple[int, str], dict[int, int]] = {}
+        self.evaluations = 0
+        self._thread = threading.Thread(target=self._run, name="instantml-health", daemon=True)
+        self._thread.start()
+
+    def touched(self, runs: Iterable[tuple[int, str]]) -> None:
+        """These runs got points (called by the writer thread: cheap)."""
+        with self._lock:
+            self._dirty.update(runs)
+        self._wake.set()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self._interval)
+            self._wake.clear()
+            now = time.monotonic()
+            with self._lock:
+                due = {
+                    r for r in self._dirty if now - self._last_eval.get(r, -1e9) >= self._interval
+                }
+                self._dirty -= due
+                later = bool(self._dirty)
+            for run in sorted(due):
+                self._last_eval[run] = now
+                try:
+                    self.evaluate(*run)
+                except Exception:  # a store away for now: the run is tried again later
+                    log.exception("evaluating the health of run %s", run[1])
+                    with self._lock:
+                        self._dirty.add(run)
+            if later:  # runs evaluated too recently: look again when they are due
+                self._stop.wait(self._interval / 2)
+                self._wake.set()
+
+    def thresholds(self, org_id: int, run_id: str) -> Thresholds:
+        """The server's thresholds with the run's own (its ``health/*`` attributes) over."""
+        rows = self._stores.runs.attributes_of(org_id, run_id, [ATTRIBUTE_TYPE], ATTRIBUTE_PREFIX)
+        own: dict[str, Any] = {}
+        for _, path, _, value in rows:
+            name = path[len(ATTRIBUTE_PREFIX) :]
+            try:
+                own[name] = check(name, value, "health")
+            except ValueError as exc:  # refused at write; kept out here all the same
+                log.warning("run %s: %s", run_id, exc)
+        return self._thresholds.merged(own, "health") if own else self._thresholds
+
+    def evaluate(self, org_id: int, run_id: str) -> list[AlertRecord]:
+        """Run the detectors on the run now; open and resolve its alerts. Returns the
+        alerts opened."""
+        self.evaluations += 1
+        stores = self._stores
+        run = stores.runs.get_run(org_id, run_id)
+        series = stores.runs.series(org_id, run_id)
+        if run is None or series is None:
+            return []
+        th = self.thresholds(org_id, run_id)
+        ident = (org_id, run_id)
+        findings: list[Finding] = []
+        now = self._clock()
+        if th.enabled:
+            findings = self._findings(ident, run, series, th, now)
+        open_alerts = stores.health.alerts(org_id, run_id, open_only=True)
+        held = {alert.ident for alert in open_alerts}
+        found = {finding.ident for finding in findings}
+        new = [_alert(org_id, run_id, f, now) for f in findings if f.ident not in held]
+        gone = [alert.alert_id for alert in open_alerts if alert.ident not in found]
+        if not new and not gone:
+            return []
+        opened = stores.health.change(new, gone, now, lambda alert: webhook_body(alert, run))
+        if opened and self._on_opened is not None:
+            self._on_opened()
+        return opened
+
+    def _findings(
+        self,
+        ident: tuple[int, str],
+        run: RunRecord,
+        series: list[tuple[int, int, str]],
+        th: Thresholds,
+        now: float,
+    ) -> list[Finding]:
+        latest = run.last_step or 0
+        since_last = latest - self._last_step.get(ident, latest)
+        span = min(MAX_WINDOW, max(MIN_WINDOW, since_last + th.missing_steps + th.burst_window))
+        points = self._stores.points
+        windows = []
+        findings: list[Finding] = []
+        for sid, kind, key in series:
+            if kind != RANK:
+                continue
+            columns = points.window_points(sid, span)
+            window = KeyWindow(key, **columns)
+            windows.append(window)
+            findings += detectors.outlier_bursts(window, th)
+            findings += detectors.non_finite(window, th)
+            if is_timing_key(key):
+                steps, medians = points.window_medians(sid, th.straggler_window)
+                findings += detectors.stragglers(key, steps, medians, th, now)
+        known = self._known_last.setdefault(ident, {})
+        findings += detectors.rank_missing(windows, th, now, known)
+        for window in windows:
+            for rank, step in zip(window.rank.tolist(), window.step.tolist(), strict=True):
+                if step > known.get(rank, -1):
+                    known[rank] = step
+        self._last_step[ident] = latest
+        return findings

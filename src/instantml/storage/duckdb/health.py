@@ -1,0 +1,61 @@
+"""Run-health alerts, webhooks and their outbox in the DuckDB file (``health_sql.py``), on
+a connection of their own: the monitor and the delivery thread never take the write
+path's unit, and touch none of its tables."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from ..health_sql import Execute, SqlHealth
+from .engine import Engine
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS alerts (
+    alert_id VARCHAR PRIMARY KEY, org_id INTEGER NOT NULL, run_id VARCHAR NOT NULL,
+    kind VARCHAR NOT NULL, rank INTEGER NOT NULL, key VARCHAR NOT NULL,
+    since_step BIGINT NOT NULL, since_time DOUBLE NOT NULL, message VARCHAR NOT NULL,
+    opened_at DOUBLE NOT NULL, resolved_at DOUBLE);
+CREATE TABLE IF NOT EXISTS webhooks (
+    webhook_id VARCHAR PRIMARY KEY, org_id INTEGER NOT NULL, url VARCHAR NOT NULL,
+    kinds VARCHAR NOT NULL, secret VARCHAR NOT NULL, created_at DOUBLE NOT NULL);
+CREATE TABLE IF NOT EXISTS deliveries (
+    delivery_id VARCHAR PRIMARY KEY, webhook_id VARCHAR NOT NULL, alert_id VARCHAR NOT NULL,
+    body VARCHAR NOT NULL, attempts INTEGER NOT NULL, next_at DOUBLE NOT NULL,
+    delivered_at DOUBLE, failed_at DOUBLE, last_error VARCHAR);
+"""
+
+
+class DuckDBHealth(SqlHealth):
+    # One process owns the file, and only its monitor thread opens alerts: a check
+    # before the insert keeps an open alert unique.
+    INSERT_ALERT = (
+        "INSERT INTO alerts SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULL WHERE NOT EXISTS"
+        " (SELECT 1 FROM alerts WHERE org_id = $2 AND run_id = $3 AND kind = $4"
+        " AND rank = $5 AND key = $6 AND resolved_at IS NULL) RETURNING alert_id"
+    )
+    CLAIM = ""  # one delivery thread per file
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        engine.con.execute(SCHEMA)
+
+    def read(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        return self._engine.cursor().execute(sql.replace("%s", "?"), list(params)).fetchall()
+
+    @contextmanager
+    def transaction(self) -> Iterator[Execute]:
+        cur = self._engine.cursor()
+
+        def execute(sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+            result = cur.execute(sql.replace("%s", "?"), list(params))
+            return result.fetchall() if result.description else []
+
+        cur.execute("BEGIN TRANSACTION")
+        try:
+            yield execute
+        except BaseException:
+            cur.execute("ROLLBACK")
+            raise
+        cur.execute("COMMIT")
