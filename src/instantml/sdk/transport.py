@@ -54,6 +54,7 @@ class Transport:
         a per-second 429, 5xx); raise InstantMLError otherwise, naming the address."""
         delay = 0.2
         for attempt in range(attempts):
+            wait = delay
             try:
                 response = self.send(method, path, body, idempotency_key)
             except httpx.HTTPError as exc:
@@ -63,22 +64,31 @@ class Transport:
                 status = response.status_code
                 if status < 300:
                     return response.json()
-                body = _body(response)
-                error = f"{method} {self.base_url}{path}: {status} {_message(response, body)}"
+                answer = _body(response)  # the request's body is sent again as it was
+                error = f"{method} {self.base_url}{path}: {status} {_message(response, answer)}"
                 scope = response.headers.get("x-instantml-ratelimit-scope")
-                retry = not is_final(status, body) and not is_monthly_limit(status, body, scope)
+                retry = not is_final(status, answer) and not is_monthly_limit(status, answer, scope)
+                wait = max(delay, _retry_after(response))
             if (
                 not retry
                 or attempt == attempts - 1
                 or (idempotency_key is None and method != "GET")
             ):
                 raise InstantMLError(error)
-            time.sleep(delay)
+            time.sleep(wait)
             delay *= 2
         raise InstantMLError(f"{method} {path}: gave up")  # unreachable
 
     def close(self) -> None:
         self._client.close()
+
+
+def _retry_after(response: httpx.Response, most: float = 30.0) -> float:
+    """The seconds a ``Retry-After`` header asks for (0 when none), at most ``most``."""
+    try:
+        return min(most, max(0.0, float(response.headers.get("retry-after", 0))))
+    except ValueError:
+        return 0.0
 
 
 def _body(response: httpx.Response) -> Any:
