@@ -124,3 +124,36 @@ def test_batches_decoded_in_a_process_are_answered_and_stored_alike(
         assert stored == {(i // 4, i % 4): i / 7 for i in range(sent)}
     server.stop()
     assert not any(Path(f"/proc/{pid}").exists() for pid in survivors)
+
+
+def test_decoding_processes_exit_when_the_server_is_killed(
+    start_server: Callable[..., ServerProcess],
+) -> None:
+    server = start_server(env=OFFLOAD_ALL)
+    headers = {"Authorization": f"Bearer {server.admin_key}"}
+    with httpx.Client(base_url=server.url, headers=headers, timeout=60) as api:
+        run = f"dec-{uuid.uuid4().hex[:8]}"
+        assert api.post("/runs", json={"project": "t", "id": run}).status_code == 201
+        deadline = time.monotonic() + 60
+        sent = 0
+        while api.get("/healthz").json()["batch_decoder"]["batches"] == 0:
+            assert time.monotonic() < deadline, "no batch was decoded in a decoding process"
+            assert api.post("/api/ingest", json=_batch(run, sent, 10)).status_code == 200
+            sent += 10
+            time.sleep(0.05)
+    decoders = _decoders(server)
+    assert decoders and server.proc is not None
+    server.proc.kill()  # no shutdown: the pool is never told
+    server.proc.wait()
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in decoders):
+        assert time.monotonic() < deadline, "a decoding process outlived its server"
+        time.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

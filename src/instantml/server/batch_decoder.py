@@ -22,6 +22,8 @@ import asyncio
 import logging
 import multiprocessing
 import os
+import threading
+import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
@@ -41,6 +43,20 @@ def default_processes() -> int:
 
 def _ready() -> bool:
     return True  # the process has imported the decoder (spawn imports the module)
+
+
+def _watch_parent() -> None:
+    """In a decoding process: exit when the server is gone. A server killed with SIGKILL
+    never shuts its pool down, and the worker would wait on its queue for ever."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != parent:  # reparented: the server died
+                os._exit(0)
+
+    threading.Thread(target=watch, name="instantml-decoder-watch", daemon=True).start()
 
 
 class BatchDecoder:
@@ -86,7 +102,9 @@ class BatchDecoder:
     def _start(self) -> None:
         # spawn, not fork: this process has threads (the writer's, DuckDB's).
         self._pool = ProcessPoolExecutor(
-            self.processes, mp_context=multiprocessing.get_context("spawn")
+            self.processes,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_watch_parent,
         )
         self._started = self._pool.submit(_ready)
 
