@@ -48,6 +48,8 @@ class ServerSettings:
     decode_min_bytes: int = 512 * 1024  # smaller batches are decoded in this process
     # Run-health thresholds (INSTANTML_HEALTH, a JSON object; a run's own go over them).
     health: Thresholds = field(default_factory=Thresholds)
+    # Requests a second per API key (bursts of twice that) before 429 "second"; 0: no limit.
+    rate_limit: float = 2000.0
 
     @property
     def metadata_url(self) -> str:
@@ -105,6 +107,14 @@ class ServerSettings:
         if min_bytes is not None:
             values["decode_min_bytes"] = min_bytes
         values["health"] = health_from_env(env.get("INSTANTML_HEALTH"))
+        rate = env.get("INSTANTML_RATE_LIMIT", "").strip()
+        if rate:
+            try:
+                values["rate_limit"] = float(rate)
+            except ValueError:
+                raise ValueError(f"INSTANTML_RATE_LIMIT must be a number, got {rate!r}") from None
+            if not values["rate_limit"] >= 0:  # type: ignore[operator]
+                raise ValueError(f"INSTANTML_RATE_LIMIT must be >= 0, got {rate!r}")
         max_body = _int_or_none(env.get("INSTANTML_MAX_BODY_BYTES"), "INSTANTML_MAX_BODY_BYTES")
         if max_body:
             values["max_body_bytes"] = max_body

@@ -21,6 +21,7 @@ from . import errors, unsupported
 from .auth import KeyRing
 from .batch_decoder import BatchDecoder, default_processes
 from .guardrail import UsagePolicy
+from .ratelimit import RateLimiter
 from .responses import JSONResponse
 from .routes import admin, health, ingest, metrics, runs, summary
 from .service import WriteService
@@ -47,6 +48,7 @@ def create_app(settings: ServerSettings, stores: Stores | None = None) -> FastAP
         app.state.services = Services(
             decoder=decoder,
             monitor=monitor,
+            limiter=RateLimiter(settings.rate_limit),
             settings=settings,
             stores=opened,
             keys=KeyRing(opened.tenancy),

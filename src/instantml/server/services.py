@@ -16,6 +16,7 @@ from ..storage.records import ApiKeyRecord
 from .auth import KeyRing
 from .batch_decoder import BatchDecoder
 from .errors import ApiError
+from .ratelimit import RateLimiter
 from .service import WriteService
 from .upload_order import UploadOrder
 from .writer import GroupCommitter
@@ -31,6 +32,7 @@ class Services:
     upload_order: UploadOrder  # ordered pipelining of /api/ingest (marks in the ledger)
     decoder: BatchDecoder  # large /api/ingest batches, decoded in another process
     monitor: HealthMonitor  # run-health detectors, fed the runs each unit wrote to
+    limiter: RateLimiter  # short-term requests per API key
 
 
 def services(request: Request) -> Services:
@@ -41,7 +43,9 @@ def require(scope: str) -> Callable[[Request], Coroutine[Any, Any, ApiKeyRecord]
     """A FastAPI dependency: the caller's key, which must carry ``scope``."""
 
     async def dependency(request: Request) -> ApiKeyRecord:
-        record = await services(request).keys.authenticate(request)
+        found = services(request)
+        record = await found.keys.authenticate(request)
+        found.limiter.take(record.key_id)
         if scope not in record.scopes and "admin" not in record.scopes:
             raise ApiError(403, f"Authorization: this API key lacks the {scope!r} scope")
         return record
