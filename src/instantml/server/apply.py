@@ -63,9 +63,11 @@ async def apply_writes(
     finally:
         ledger.release(claimed)
     each: list[Answer] = []
-    for outcome in outcomes:
+    for envelope, outcome in zip(runnable, outcomes, strict=True):
         if outcome.each is not None:
             each.extend(outcome.each)
+        elif isinstance(envelope.write, RankEvents):  # failed whole (storage): each event so
+            each.extend([outcome] * len(envelope.write))
         else:
             each.append(outcome)
     answered = iter(each)
