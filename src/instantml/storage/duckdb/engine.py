@@ -19,6 +19,8 @@ from typing import Any, Protocol
 import duckdb
 import numpy as np
 
+from ..records import StorageError
+
 _VALUES_MAX_ROWS = 64
 
 
@@ -39,7 +41,12 @@ class Engine:
         if path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self.con = duckdb.connect(path)
+        try:
+            self.con = duckdb.connect(path)
+        except duckdb.Error as exc:
+            if "replaying WAL" not in str(exc):
+                raise
+            raise StorageError(damaged_wal(path, exc)) from None
         self._local = threading.local()
         self._lock = threading.RLock()
         self._participants: list[Participant] = []
@@ -149,3 +156,17 @@ def first(result: duckdb.DuckDBPyConnection) -> tuple[Any, ...]:
     if not rows:
         raise LookupError("query returned no row")
     return tuple(rows[0])
+
+
+def damaged_wal(path: str, exc: Exception) -> str:
+    """What to do when DuckDB cannot replay the write-ahead log: one line. (A torn tail, as
+    a crash mid-write leaves, is replayed up to the tear without this; a damaged entry in
+    the middle stops DuckDB.)"""
+    wal = f"{path}.wal"
+    why = " ".join(str(exc).split())
+    return (
+        f"the write-ahead log {wal} is damaged and cannot be replayed ({why}). To start"
+        f" from the last checkpoint, move it aside: mv {wal} {wal}.damaged (the writes it"
+        " held since that checkpoint are then missing; keep the file to recover them),"
+        " then start the server again"
+    )
