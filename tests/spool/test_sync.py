@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import re
 import shutil
 import signal
@@ -404,3 +405,41 @@ def test_spool_dir_mistakes_are_one_line(
         assert out.stderr.strip().splitlines()[-1].startswith(message), out.stderr
         assert len(out.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "typo").exists() and list(not_a_spool.iterdir()) == []
+
+
+def test_hostile_lines_spliced_into_a_segment_are_dead_lettered(
+    tmp_path: Path, start_server: Callable[..., ServerProcess]
+) -> None:
+    """Random bytes, a 20 MB line, JSON of the wrong shapes and types spliced between good
+    events: the uploader delivers every good event, dead-letters the rest, and finishes."""
+    spool = tmp_path / "spool"
+    _log(spool, "hostile", steps=5)
+    (segment,) = segments.list_segments(spool)
+    good = {"metrics": {"loss": 7.0}, "step": 50, "rank": 1, "world_size": 2}
+    rng = random.Random(3)
+    hostile = [
+        bytes(rng.randrange(256) for _ in range(300)).replace(b"\n", b" ") + b"\n",  # noise
+        b"\xff\xfe\x00 not utf-8 at all\n",
+        b"[1, 2, 3]\n",  # JSON, not an event
+        b"42\n",
+        b'{"event_id": 7, "request": "POST"}\n',  # an event of the wrong types
+        b'{"event_id": "x", "request": {"method": "POST", "path": 5, "body": []}}\n',
+        b'{"event_id": "' + b"a" * (20 * 1024 * 1024) + b'"}\n',  # a 20 MB line
+        _event_line("hostile", "wrong-metric", {**good, "metrics": {"loss": "high"}}),
+        _event_line("hostile", "good-after", good),
+    ]
+    with segment.open("ab") as handle:
+        for line in hostile:
+            handle.write(line)
+    server = start_server()
+    out = sync(spool, server.url, server.admin_key)
+    assert out.returncode == 0, out.stderr[-2000:]
+    with admin_client(server) as api:
+        points = stored_rank_points(api, "hostile", "loss")
+    assert len(points) == 11 and [50, 1, 7.0] in [p[:3] for p in points]
+    dead = (spool / DEAD_LETTER).read_bytes().splitlines()
+    assert len(dead) == len(hostile) - 1  # everything but the good event
+    assert segments.list_segments(spool) == []
+    # The server took no harm from any of it.
+    with admin_client(server) as api:
+        assert api.get("/healthz").status_code == 200
