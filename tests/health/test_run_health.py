@@ -297,3 +297,22 @@ def test_a_runs_own_thresholds(start_server: Callable[..., ServerProcess]) -> No
         )
         assert response.status_code == 422
         assert "attributes[0].health.burst_steps" in response.json()["error"]
+
+
+def test_a_run_with_many_keys_is_read_in_turn(start_server: Callable[..., ServerProcess]) -> None:
+    """150 keys (more than one look reads): a burst on the last key is found, and its
+    alert is not resolved by the looks that read other keys."""
+    server = start_server()
+    keys = [f"k{i:03d}" for i in range(150)]
+    with _api(server) as api:
+        run = _run(api, "many")
+        for step in range(40):
+            _step(api, run, step, {r: {k: 50.0 if (k == "k149" and r == 2 and step >= 4) else 1.0 + 0.01 * r
+                                       for k in keys} for r in range(WORLD)})  # fmt: skip
+        (burst,) = _wait("outlier_burst", lambda: _open(api, run, "outlier_burst"))
+        assert (burst["rank"], burst["key"]) == (2, "k149")
+        for step in range(40, 46):  # more looks, at other keys: it stays open
+            _step(api, run, step, {r: {k: 50.0 if (k == "k149" and r == 2) else 1.0 + 0.01 * r
+                                       for k in keys} for r in range(WORLD)})  # fmt: skip
+            time.sleep(0.6)
+        assert [a["id"] for a in _open(api, run, "outlier_burst")] == [burst["id"]]

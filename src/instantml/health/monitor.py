@@ -27,6 +27,9 @@ from .thresholds import Thresholds, check
 log = logging.getLogger(__name__)
 
 MIN_WINDOW, MAX_WINDOW = 64, 4096
+# A run with more rank keys is read this many at a time, in turn (timing keys always), so
+# that a run logging 10,000 keys costs a look what one logging 64 does.
+KEYS_PER_LOOK = 64
 ATTRIBUTE_TYPE, ATTRIBUTE_PREFIX = "health", "health/"  # as server/writes.py checks them
 
 
@@ -70,6 +73,7 @@ class HealthMonitor:
         self._last_eval: dict[tuple[int, str], float] = {}
         self._last_step: dict[tuple[int, str], int] = {}
         self._known_last: dict[tuple[int, str], dict[int, int]] = {}
+        self._turn: dict[tuple[int, str], int] = {}  # where the next look at many keys starts
         self.evaluations = 0
         self._thread = threading.Thread(target=self._run, name="instantml-health", daemon=True)
         self._thread.start()
@@ -132,14 +136,19 @@ class HealthMonitor:
         th = self.thresholds(org_id, run_id)
         ident = (org_id, run_id)
         findings: list[Finding] = []
+        looked: set[str] | None = None  # the keys read this time (None: every key)
         now = self._clock()
         if th.enabled:
-            findings = self._findings(ident, run, series, th, now)
+            findings, looked = self._findings(ident, run, series, th, now)
         open_alerts = stores.health.alerts(org_id, run_id, open_only=True)
         held = {alert.ident for alert in open_alerts}
         found = {finding.ident for finding in findings}
         new = [_alert(org_id, run_id, f, now) for f in findings if f.ident not in held]
-        gone = [alert.alert_id for alert in open_alerts if alert.ident not in found]
+        gone = [
+            alert.alert_id
+            for alert in open_alerts
+            if alert.ident not in found and (looked is None or alert.key in looked or not alert.key)
+        ]
         if not new and not gone:
             return []
         opened = stores.health.change(new, gone, now, lambda alert: webhook_body(alert, run))
@@ -154,16 +163,24 @@ class HealthMonitor:
         series: list[tuple[int, int, str]],
         th: Thresholds,
         now: float,
-    ) -> list[Finding]:
+    ) -> tuple[list[Finding], set[str] | None]:
         latest = run.last_step or 0
         since_last = latest - self._last_step.get(ident, latest)
         span = min(MAX_WINDOW, max(MIN_WINDOW, since_last + th.missing_steps + th.burst_window))
         points = self._stores.points
         windows = []
         findings: list[Finding] = []
-        for sid, kind, key in series:
-            if kind != RANK:
-                continue
+        ranked = [(sid, key) for sid, kind, key in series if kind == RANK]
+        looked: set[str] | None = None
+        if len(ranked) > KEYS_PER_LOOK:
+            timing = [(sid, key) for sid, key in ranked if is_timing_key(key)]
+            others = [(sid, key) for sid, key in ranked if not is_timing_key(key)]
+            start = self._turn.get(ident, 0) % len(others)
+            turn = (others[start:] + others[:start])[: max(0, KEYS_PER_LOOK - len(timing))]
+            self._turn[ident] = start + len(turn)
+            ranked = timing + turn
+            looked = {key for _, key in ranked}
+        for sid, key in ranked:
             columns = points.window_points(sid, span)
             window = KeyWindow(key, **columns)
             windows.append(window)
@@ -179,4 +196,4 @@ class HealthMonitor:
                 if step > known.get(rank, -1):
                     known[rank] = step
         self._last_step[ident] = latest
-        return findings
+        return findings, looked
