@@ -17,7 +17,7 @@ import numpy as np
 
 from ..records import Keys, Slot, StoredAnswer
 from .engine import Engine
-from .keyfilter import KeyFilter
+from .keyfilter import GrowingKeyFilter
 
 SCHEMA = """
 -- Append-only (one row per unit that charged points; read as a SUM): a plain insert
@@ -243,17 +243,15 @@ class DuckDBLedger:
         if staged.answers:
             frame = staged.answers[0]
             self._filter.add(frame["org_id"].astype(np.int64), frame["key_hi"], frame["key_lo"])
-            if self._filter.full:
-                self._filter = self._load_filter(2 * self._filter.capacity)
         self._staged = _Staged()
 
     def rolled_back(self) -> None:
         self._staged = _Staged()
 
-    def _load_filter(self, minimum: int = 1 << 20) -> KeyFilter:
+    def _load_filter(self, minimum: int = 1 << 20) -> GrowingKeyFilter:
         keys = self._engine.con.execute(
             "SELECT org_id, key_hi, key_lo FROM idempotency"
         ).fetchnumpy()
-        key_filter = KeyFilter(max(minimum, 2 * len(keys["key_hi"])))
+        key_filter = GrowingKeyFilter(max(minimum, 2 * len(keys["key_hi"])))
         key_filter.add(keys["org_id"].astype(np.int64), keys["key_hi"], keys["key_lo"])
         return key_filter
