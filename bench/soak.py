@@ -1,0 +1,192 @@
+"""Soak: steady ingest at a fixed rate for a long time, the dashboard's summary polled
+every 5 s; the server's memory and the write latency, interval by interval.
+
+    .venv/bin/python bench/soak.py [--minutes 30] [--rate 150000] [--interval 300]
+
+``--rate`` is in points/s (3 keys an event, 512 ranks, 10,000-event batches from 2
+senders, as the uploader sends them); half of what ``bench_write_path.py`` measures as
+the most this machine takes is the campaign's choice. Each interval prints: the points/s
+achieved, the server's RSS (its decoding process included) at the interval's end, the
+write latency p50/p99, the summary latency p50/p99, and any failed request.
+``tests/reliability/test_soak.py`` runs a short form.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import orjson
+
+from instantml.server.process import ServerProcess
+
+BATCH, WORLD = 10_000, 512
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of a process and its children, in MB."""
+    total = 0
+    pids = [pid]
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    pids.append(int(entry.name))
+            except (OSError, ValueError):
+                continue
+    for p in pids:
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except OSError:
+            continue
+    return total / 1024
+
+
+@dataclass
+class Interval:
+    start: float
+    writes: list[float] = field(default_factory=list)  # seconds per batch
+    reads: list[float] = field(default_factory=list)  # seconds per summary
+    points: int = 0
+    failures: int = 0
+    rss: float = 0.0
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def soak(
+    workdir: Path, seconds: float, rate: float, interval: float, log: bool = True
+) -> list[Interval]:
+    intervals: list[Interval] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+    with ServerProcess(workdir / "data", env={"HOME": str(workdir)}) as server:
+        assert server.proc is not None
+        headers = {"Authorization": f"Bearer {server.admin_key}"}
+        run_id = f"soak-{uuid.uuid4().hex[:8]}"
+        httpx.post(f"{server.url}/runs", json={"project": "soak", "id": run_id},
+                   headers=headers).raise_for_status()  # fmt: skip
+        path = f"/runs/{run_id}/rank-metrics"
+        batches_per_second = rate / (3 * BATCH)
+        start = time.monotonic()
+        intervals.append(Interval(start))
+        counter = iter(range(10**12))
+        next_lock = threading.Lock()
+
+        def current() -> Interval:
+            return intervals[-1]
+
+        def sender() -> None:
+            with httpx.Client(base_url=server.url, headers=headers, timeout=120) as http:
+                while not stop.is_set():
+                    with next_lock:
+                        b = next(counter)
+                    due = start + b / batches_per_second
+                    if due > time.monotonic():
+                        time.sleep(due - time.monotonic())
+                    events = [
+                        {"event_id": f"{run_id}-{n}", "request": {"method": "POST", "path": path,
+                         "body": {"metrics": {"train/loss": 1.0 / (n // WORLD + 1),
+                                              "optimizer/grad_norm": 2.5 + (n % 7) * 0.1,
+                                              "perf/step_ms": 31.0 + (n % WORLD) * 0.01},
+                                  "step": n // WORLD, "rank": n % WORLD, "world_size": WORLD}}}
+                        for n in range(b * BATCH, (b + 1) * BATCH)
+                    ]  # fmt: skip
+                    payload = orjson.dumps({"events": events})
+                    began = time.perf_counter()
+                    try:
+                        answer = http.post("/api/ingest", content=payload)
+                        ok = answer.status_code == 200 and all(
+                            r["status"] == 200 for r in answer.json()["results"]
+                        )
+                    except httpx.HTTPError:
+                        ok = False
+                    took = time.perf_counter() - began
+                    with lock:
+                        now = current()
+                        now.writes.append(took)
+                        now.points += 3 * BATCH if ok else 0
+                        now.failures += 0 if ok else 1
+
+        def reader() -> None:
+            with httpx.Client(base_url=server.url, headers=headers, timeout=120) as http:
+                while not stop.wait(5.0):
+                    began = time.perf_counter()
+                    answer = http.get(f"/api/runs/{run_id}/distributed",
+                                      params={"key": "train/loss"})  # fmt: skip
+                    took = time.perf_counter() - began
+                    with lock:
+                        current().reads.append(took)
+                        current().failures += 0 if answer.status_code == 200 else 1
+
+        threads = [threading.Thread(target=sender) for _ in range(2)]
+        threads.append(threading.Thread(target=reader))
+        for thread in threads:
+            thread.start()
+        try:
+            while time.monotonic() - start < seconds:
+                time.sleep(min(interval, seconds - (time.monotonic() - start)))
+                with lock:
+                    done = current()
+                    done.rss = rss_mb(server.proc.pid)
+                    if time.monotonic() - start < seconds - 1:
+                        intervals.append(Interval(time.monotonic()))
+                if log:
+                    print(line(done, len(intervals), interval), flush=True)
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join()
+    return intervals
+
+
+def line(iv: Interval, number: int, interval: float) -> str:
+    return (
+        f"interval {number:2d}: {iv.points / interval:9,.0f} points/s  RSS {iv.rss:7.0f} MB"
+        f"  write p50 {pct(iv.writes, 0.5) * 1000:6.0f} ms p99 {pct(iv.writes, 0.99) * 1000:6.0f} ms"
+        f"  summary p50 {pct(iv.reads, 0.5) * 1000:5.0f} ms p99 {pct(iv.reads, 0.99) * 1000:5.0f} ms"
+        f"  failures {iv.failures}"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--minutes", type=float, default=30.0)
+    parser.add_argument("--rate", type=float, default=150_000.0, help="points/s")
+    parser.add_argument("--interval", type=float, default=300.0, help="seconds per report")
+    args = parser.parse_args()
+    print(
+        f"soak: {args.minutes:g} min at {args.rate:,.0f} points/s, report every {args.interval:g} s"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        intervals = soak(Path(tmp), args.minutes * 60, args.rate, args.interval)
+    warm = intervals[0].rss
+    last = intervals[-1].rss
+    print(f"\nRSS after the first interval {warm:.0f} MB, at the end {last:.0f} MB:"
+          f" {last / warm - 1:+.1%} after warm-up")  # fmt: skip
+    print(f"p99 write latency by interval (ms): "
+          f"{', '.join(f'{pct(iv.writes, 0.99) * 1000:.0f}' for iv in intervals)}")  # fmt: skip
+    print(f"failed requests: {sum(iv.failures for iv in intervals)}")
+    print(
+        f"median points/s: {statistics.median(iv.points for iv in intervals) / args.interval:,.0f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
