@@ -17,7 +17,7 @@ from ..health.webhooks import Deliverer
 from ..settings import ServerSettings
 from ..storage import open_stores
 from ..storage.protocols import Stores
-from . import errors, unsupported
+from . import errors, schemas, unsupported
 from .auth import KeyRing
 from .batch_decoder import BatchDecoder, default_processes
 from .guardrail import UsagePolicy
@@ -88,6 +88,15 @@ def create_app(settings: ServerSettings, stores: Stores | None = None) -> FastAP
     app.include_router(admin.router)
     app.include_router(unsupported.router)  # last: 501s for the public SDK's other features
     dashboard.install(app)
+
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = schemas.add_run_links(generate())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     @app.get("/healthz", include_in_schema=True)
     async def healthz(request: Request) -> dict[str, Any]:

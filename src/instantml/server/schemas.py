@@ -127,3 +127,29 @@ SET_LIMIT = body(
         },
     }
 )
+
+
+def add_run_links(spec: dict[str, Any]) -> dict[str, Any]:
+    """OpenAPI links from a created run to every operation on ``{run_id}``, with what
+    ``POST /runs`` answers: so a client (and schemathesis's stateful phase) can follow a
+    run from its creation."""
+    links = {}
+    for path, operations in spec.get("paths", {}).items():
+        if "{run_id}" not in path:
+            continue
+        for operation in operations.values():
+            if "operationId" in operation:
+                links[operation["operationId"]] = {
+                    "operationId": operation["operationId"],
+                    "parameters": {"run_id": "$response.body#/run/id"},
+                }
+    created = spec.get("paths", {}).get("/runs", {}).get("post")
+    if created is not None and links:
+        run = {"type": "object", "properties": {"run": {"type": "object"}}}
+        for status, why in (("201", "Created"), ("200", "Attached to the run with this id")):
+            created.setdefault("responses", {})[status] = {
+                "description": why,
+                "content": {"application/json": {"schema": run}},
+                "links": links,
+            }
+    return spec
