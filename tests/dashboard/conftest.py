@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -56,3 +57,13 @@ def page(browser: object) -> Iterator[object]:
 def shot(page: object, name: str) -> None:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)  # type: ignore[attr-defined]
+
+
+def wait_until(page: object, expression: str, timeout: float = 30.0) -> None:
+    """Poll a JavaScript expression until it is true. (Playwright's wait_for_function
+    compiles its predicate with eval in the page, which the dashboard's CSP refuses;
+    evaluate goes through the debugger protocol, which the CSP does not govern.)"""
+    deadline = time.monotonic() + timeout
+    while not page.evaluate(expression):  # type: ignore[attr-defined]
+        assert time.monotonic() < deadline, f"timed out waiting for {expression}"
+        time.sleep(0.05)

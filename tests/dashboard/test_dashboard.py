@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from instantml.server.process import ServerProcess
-from tests.dashboard.conftest import shot
+from tests.dashboard.conftest import shot, wait_until
 from tests.summary.reference import Point
 from tests.summary.test_reference import ingest
 
@@ -110,7 +110,7 @@ def test_untrusted_key_and_name_render_as_text(
     page.select_option("#key-select", "loss")
     page.wait_for_selector("main[data-ready=distributed][data-key=loss]")
     page.select_option("#key-select", XSS_KEY)
-    page.wait_for_function(f"document.querySelector('main').dataset.key === {XSS_KEY!r}")
+    wait_until(page, f"document.querySelector('main').dataset.key === {XSS_KEY!r}")
     shot(page, "untrusted-key")
     options = page.eval_on_selector_all("#key-select option", "os => os.map(o => o.textContent)")
     assert XSS_KEY in options
@@ -130,9 +130,7 @@ def test_zoom_in_the_url_refetches_at_full_resolution(
     assert page.inner_text("#range").startswith("steps 10\u201320")
     assert page.evaluate("document.getElementById('band').data[0].x.length") == 11
     page.click("#reset-zoom")
-    page.wait_for_function(
-        "document.querySelector('#range')?.textContent.startsWith('steps 0\u201339')"
-    )
+    wait_until(page, "document.querySelector('#range')?.textContent.startsWith('steps 0\u201339')")
     assert "step_min" not in page.url
     assert page.errors == []
 
