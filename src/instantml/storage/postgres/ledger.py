@@ -20,7 +20,12 @@ import numpy as np
 from ..records import Keys, Slot, StoredAnswer
 from .engine import PgEngine
 
-CLAIM_LEASE = 300.0  # a claim outlives a request's longest wait; a dead process's expires
+# A claim outlives a request's wait for its unit (well under a second, seconds under a
+# storage stall); a killed process's claims expire with it, and until then its keys answer
+# 409 in flight (found by the chaos campaign: at 300 s, an uploader re-sending after a
+# crash waited five minutes). Were a claim to lapse under a live request, the answers
+# table's primary key would still let only one of two units with the key commit.
+CLAIM_LEASE = 30.0
 
 
 @dataclass
