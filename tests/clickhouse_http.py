@@ -23,6 +23,7 @@ serves, and stops on SIGTERM.
 from __future__ import annotations
 
 import argparse
+import email
 import json
 import os
 import re
@@ -115,6 +116,17 @@ class Handler(BaseHTTPRequestHandler):
         try:
             body = self._body()
             query = args.get("query", "").encode()
+            if self.headers.get("Content-Type", "").startswith("multipart/form-data"):
+                # Long parameters travel as form fields (the query one of them).
+                fields = _form_fields(self.headers["Content-Type"], body)
+                params.update(
+                    {
+                        k.removeprefix("param_"): v
+                        for k, v in fields.items()
+                        if k.startswith("param_")
+                    }
+                )
+                query, body = fields.get("query", "").encode(), b""
             text = query + b"\n" + body if query and body else query or body
             insert = _INSERT_DATA.match(text)
             if insert is not None:
@@ -162,6 +174,18 @@ def serve(path: str, port: int, host: str = "127.0.0.1") -> None:
     finally:
         server.server_close()
         Handler.engine.conn.close()
+
+
+def _form_fields(content_type: str, body: bytes) -> dict[str, str]:
+    """The fields of a multipart/form-data body, by name."""
+    message = email.message_from_bytes(f"Content-Type: {content_type}\r\n\r\n".encode() + body)
+    fields = {}
+    for part in message.get_payload():  # type: ignore[union-attr]
+        name = part.get_param("name", header="content-disposition")
+        payload = part.get_payload(decode=True)
+        if name and payload is not None:
+            fields[str(name)] = payload.decode()
+    return fields
 
 
 if __name__ == "__main__":
