@@ -70,5 +70,8 @@ def install(app: FastAPI) -> None:
         return JSONResponse({"error": "storage unavailable; retry"}, status_code=503)
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # A bug by definition (every input has its answer): the traceback goes to the log.
+        log.error("internal error answering %s %s", request.method, request.url.path,
+                  exc_info=exc)  # fmt: skip
         return JSONResponse({"error": f"internal error ({type(exc).__name__})"}, status_code=500)
