@@ -121,12 +121,15 @@ class Killer(threading.Thread):
 
 def chaos(
     workdir: Path, seconds: float, mode: str = "spool", ranks: int = 8, seed: int = 0,
-    kill_every: tuple[float, float] = (3.0, 15.0),
+    kill_every: tuple[float, float] = (3.0, 15.0), stores: dict[str, str] | None = None,
 ) -> Report:  # fmt: skip
+    """``stores``: the server's storage settings (INSTANTML_METADATA_URL, ...), default
+    the data dir's DuckDB file."""
     rng = random.Random(seed)
     report = Report(mode, seconds)
     data, spool = workdir / "data", workdir / "spool"
-    server = ServerProcess(data, env={"HOME": str(workdir)})
+    server_env = {"HOME": str(workdir), **(stores or {})}
+    server = ServerProcess(data, env=server_env)
     server.start()
     port = server.port
     env = {
@@ -143,7 +146,7 @@ def chaos(
         time.sleep(rng.uniform(0.0, 1.0))
         for _ in range(100):
             try:
-                server = ServerProcess(data, port=port, env={"HOME": str(workdir)})
+                server = ServerProcess(data, port=port, env=server_env)
                 server.start()
                 return
             except StartFailed:  # the port not yet free: again

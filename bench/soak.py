@@ -70,12 +70,18 @@ def pct(values: list[float], q: float) -> float:
 
 
 def soak(
-    workdir: Path, seconds: float, rate: float, interval: float, log: bool = True
+    workdir: Path,
+    seconds: float,
+    rate: float,
+    interval: float,
+    log: bool = True,
+    stores: dict[str, str] | None = None,
 ) -> list[Interval]:
     intervals: list[Interval] = []
     lock = threading.Lock()
     stop = threading.Event()
-    with ServerProcess(workdir / "data", env={"HOME": str(workdir)}) as server:
+    env = {"HOME": str(workdir), **(stores or {})}
+    with ServerProcess(workdir / "data", env=env) as server:
         assert server.proc is not None
         headers = {"Authorization": f"Bearer {server.admin_key}"}
         run_id = f"soak-{uuid.uuid4().hex[:8]}"

@@ -40,7 +40,7 @@ status=0
 paths=0
 for arg in "$@"; do case "$arg" in -*) ;; *) paths=1 ;; esac; done
 if [ "$status" = 0 ] && [ "$paths" = 0 ] && { command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; }; then
-  echo "== again on PostgreSQL + ClickHouse (chdb): tests/server tests/summary tests/spool tests/health"
-  INSTANTML_TEST_STORES=postgres+chdb .venv/bin/python -m pytest "$@" tests/server tests/summary tests/spool tests/health || status=$?
+  echo "== again on PostgreSQL + ClickHouse (chdb): tests/server tests/summary tests/spool tests/health tests/reliability"
+  INSTANTML_TEST_STORES=postgres+chdb .venv/bin/python -m pytest "$@" tests/server tests/summary tests/spool tests/health tests/reliability || status=$?
 fi
 exit "$status"

@@ -4,14 +4,18 @@ with the summary polled every 5 s; every write and every summary answered."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
 from soak import line, soak
 
 
-def test_a_short_soak_answers_everything(tmp_path: Path) -> None:
-    intervals = soak(tmp_path, 30.0, 60_000.0, 10.0, log=False)
+def test_a_short_soak_answers_everything(
+    tmp_path: Path, stores_env: Callable[[Path], dict[str, str]]
+) -> None:
+    stores = stores_env(tmp_path / "data")
+    intervals = soak(tmp_path, 30.0, 60_000.0, 10.0, log=False, stores=stores)
     for number, interval in enumerate(intervals, 1):
         print(line(interval, number, 10.0))
     assert sum(iv.failures for iv in intervals) == 0
