@@ -148,12 +148,12 @@ def soak(
             while time.monotonic() - start < seconds:
                 time.sleep(min(interval, seconds - (time.monotonic() - start)))
                 with lock:
-                    done = current()
+                    done, number = current(), len(intervals)
                     done.rss = rss_mb(server.proc.pid)
                     if time.monotonic() - start < seconds - 1:
                         intervals.append(Interval(time.monotonic()))
                 if log:
-                    print(line(done, len(intervals), interval), flush=True)
+                    print(line(done, number, interval), flush=True)
         finally:
             stop.set()
             for thread in threads:

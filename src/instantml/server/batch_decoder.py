@@ -45,16 +45,17 @@ def _ready() -> bool:
     return True  # the process has imported the decoder (spawn imports the module)
 
 
-def _watch_parent() -> None:
-    """In a decoding process: exit when the server is gone. A server killed with SIGKILL
-    never shuts its pool down, and the worker would wait on its queue for ever."""
-    parent = os.getppid()
+def _watch_parent(server: int) -> None:
+    """In a decoding process: exit when the server (pid ``server``) is gone. A server
+    killed with SIGKILL never shuts its pool down, and the worker would wait on its queue
+    for ever. The pid comes from the server: one killed while this process was still
+    starting has already made it someone else's child."""
 
     def watch() -> None:
         while True:
-            time.sleep(0.5)
-            if os.getppid() != parent:  # reparented: the server died
+            if os.getppid() != server:  # reparented: the server died
                 os._exit(0)
+            time.sleep(0.5)
 
     threading.Thread(target=watch, name="instantml-decoder-watch", daemon=True).start()
 
@@ -105,6 +106,7 @@ class BatchDecoder:
             self.processes,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_watch_parent,
+            initargs=(os.getpid(),),
         )
         self._started = self._pool.submit(_ready)
 
