@@ -74,7 +74,6 @@ class HealthMonitor:
         self._last_step: dict[tuple[int, str], int] = {}
         self._known_last: dict[tuple[int, str], dict[int, int]] = {}
         self._turn: dict[tuple[int, str], int] = {}  # where the next look at many keys starts
-        self.evaluations = 0
         self._thread = threading.Thread(target=self._run, name="instantml-health", daemon=True)
         self._thread.start()
 
@@ -127,7 +126,6 @@ class HealthMonitor:
     def evaluate(self, org_id: int, run_id: str) -> list[AlertRecord]:
         """Run the detectors on the run now; open and resolve its alerts. Returns the
         alerts opened."""
-        self.evaluations += 1
         stores = self._stores
         run = stores.runs.get_run(org_id, run_id)
         series = stores.runs.series(org_id, run_id)

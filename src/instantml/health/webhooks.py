@@ -43,7 +43,6 @@ class Deliverer:
         self._pool = ThreadPoolExecutor(senders, thread_name_prefix="instantml-webhook")
         self._senders = senders
         self._client = httpx.Client(timeout=TIMEOUT, follow_redirects=False)
-        self.posted = 0
         self._thread = threading.Thread(target=self._run, name="instantml-outbox", daemon=True)
         self._thread.start()
 
@@ -87,7 +86,6 @@ class Deliverer:
         try:
             if error is None:
                 self._health.delivered(delivery.delivery_id, time.time())
-                self.posted += 1
             else:
                 self._health.failed(delivery, time.time(), error)
         except Exception:  # the store away: the lease runs out and it is sent again

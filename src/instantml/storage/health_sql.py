@@ -202,13 +202,3 @@ class SqlHealth:
                 [attempts, retry_at, error[:500], at if attempts >= MAX_ATTEMPTS else None,
                  delivery.delivery_id],
             )  # fmt: skip
-
-    def deliveries(self, alert_id: str) -> list[dict[str, Any]]:
-        """An alert's deliveries and how they went (for tests and operators)."""
-        rows = self.read(
-            "SELECT delivery_id, webhook_id, attempts, delivered_at, failed_at, last_error"
-            " FROM deliveries WHERE alert_id = %s ORDER BY delivery_id",
-            [alert_id],
-        )
-        names = ("id", "webhook_id", "attempts", "delivered_at", "failed_at", "last_error")
-        return [dict(zip(names, row, strict=True)) for row in rows]

@@ -275,8 +275,6 @@ class HealthStore(Protocol):
         """A failed attempt: retried later with backoff, or given up."""
         ...
 
-    def deliveries(self, alert_id: str) -> list[dict[str, Any]]: ...
-
 
 @dataclass(frozen=True)
 class Stores:

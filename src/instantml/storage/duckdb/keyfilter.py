@@ -40,10 +40,6 @@ class KeyFilter:
     def full(self) -> bool:
         return self.count > self.capacity
 
-    @property
-    def nbytes(self) -> int:
-        return int(self._bits.nbytes)
-
 
 class GrowingKeyFilter:
     """Bloom filters in segments: keys go to the newest, and a full one is followed by one
@@ -66,7 +62,3 @@ class GrowingKeyFilter:
         newest.add(org, hi, lo)
         if newest.full:
             self.segments.append(KeyFilter(2 * newest.capacity))
-
-    @property
-    def nbytes(self) -> int:
-        return sum(segment.nbytes for segment in self.segments)
