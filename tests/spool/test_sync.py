@@ -443,3 +443,43 @@ def test_hostile_lines_spliced_into_a_segment_are_dead_lettered(
     # The server took no harm from any of it.
     with admin_client(server) as api:
         assert api.get("/healthz").status_code == 200
+
+
+def test_a_pass_while_a_writer_opens_its_segment_loses_nothing(
+    tmp_path: Path, start_server: Callable[..., ServerProcess], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An uploader pass that looks at the spool just as a writer creates its segment, after
+    the file exists but before the writer holds its lock: the segment must not be taken for
+    a finished one (and removed, its later events written to an unlinked file). Seen in the
+    demo, under load, as one rank's points ending at step 11."""
+    import fcntl
+
+    from instantml.spool.uploader import Uploader
+
+    spool = tmp_path / "spool"
+    server = start_server()
+    uploader = Uploader(spool, server.url, server.admin_key)
+    passes: list[list[Path]] = []
+
+    class _FlockAfterAPass:
+        def __getattr__(self, name: str) -> object:
+            return getattr(fcntl, name)
+
+        @staticmethod
+        def flock(fd: int, operation: int) -> None:
+            if operation == fcntl.LOCK_EX:  # the writer's lock (the uploader's probe: NB)
+                passes.append(segments.list_segments(spool))
+                uploader.drain_once()  # the interleaving the scheduler can produce
+            fcntl.flock(fd, operation)
+
+    monkeypatch.setattr(segments, "fcntl", _FlockAfterAPass())
+    with uploader:
+        run = im.init(project="spool", run_id="opening", upload_mode="spool", spool_dir=str(spool))
+        monkeypatch.undo()
+        for step in range(20):
+            run.log_rank_metrics({"loss": float(step)}, step=step, rank=0, world_size=1)
+        run.finish()
+        assert uploader.drain_once() == 0
+    with admin_client(server) as api:
+        assert [p[0] for p in stored_rank_points(api, "opening", "loss")] == list(range(20))
+    assert passes == [[]]  # the segment was not there to be seen before it was locked

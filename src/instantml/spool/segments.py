@@ -3,11 +3,14 @@
 A writer holds an exclusive ``flock`` on its segment for as long as it may append; the
 kernel drops it when the process ends, however it ends (SIGKILL included). So an uploader
 that can take the lock knows the segment is final: a last line without its newline is then
-torn (the writer died mid-write) and is never uploaded.
+torn (the writer died mid-write) and is never uploaded. A segment is created under a name
+the uploader does not list, locked, and only then renamed to its listed name
+(:func:`open_segment`): an uploader never sees one that is not yet locked.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import socket
@@ -30,6 +33,29 @@ def new_segment_path(spool_dir: Path) -> Path:
     host = socket.gethostname().replace("-", "_")[:32] or "host"
     name = f"{time.time_ns() // 1000:020d}-{host}-{os.getpid()}-{uuid.uuid4().hex[:8]}{SUFFIX}"
     return segment_dir(spool_dir) / name
+
+
+OPENING = ".opening"  # a segment being created: not listed until its writer holds the lock
+
+
+def open_segment(spool_dir: Path) -> tuple[int, Path]:
+    """Create a segment for appending, locked for as long as this process may write, and
+    only then give it the name the uploader lists. (Created under that name directly, a
+    pass that looked between the create and the lock would take it for a finished,
+    empty segment and remove it; every event after that would go to an unlinked file.)"""
+    segment_dir(spool_dir).mkdir(parents=True, exist_ok=True)
+    path = new_segment_path(spool_dir)
+    opening = path.with_name(path.name + OPENING)
+    fd = os.open(opening, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # held until this process ends: "writer active"
+        os.rename(opening, path)
+    except OSError:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            opening.unlink()
+        raise
+    return fd, path
 
 
 def list_segments(spool_dir: Path) -> list[Path]:

@@ -10,7 +10,6 @@ counted and warned about once.
 
 from __future__ import annotations
 
-import fcntl
 import itertools
 import os
 import threading
@@ -61,10 +60,7 @@ class SpoolWriter:
         self._prefix = uuid.uuid4().hex
         self._sequence = itertools.count(1)
         try:
-            segments.segment_dir(self.spool_dir).mkdir(parents=True, exist_ok=True)
-            path = segments.new_segment_path(self.spool_dir)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
-            fcntl.flock(fd, fcntl.LOCK_EX)  # held until this process ends: "writer active"
+            fd, path = segments.open_segment(self.spool_dir)
         except OSError as exc:
             self._fd = -1
             self._warn(f"cannot open a spool segment in {self.spool_dir}: {exc}")
