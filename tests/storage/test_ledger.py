@@ -123,3 +123,48 @@ def test_upload_marks_first_one_stands(stores: Stores) -> None:
     assert ledger.batch_marks(1, "s", [0, 1, 2]) == {0: True, 1: False}
     assert ledger.batch_marks(2, "s", [0]) == {}  # another org's session of the same name
     assert ledger.batch_marks(1, "t", [0]) == {}
+
+
+def test_answers_across_partitions(
+    open_stores: OpenStores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The embedded ledger keeps keys in partitions of PARTITION_KEYS (only the newest is
+    written, so only its index is rewritten at checkpoints): keys are found in any of them,
+    a partition begun by a failed unit is gone with it, a restart finds them all, and
+    pruning drops a partition once every key of it expired."""
+    stores = open_stores()
+    if not hasattr(stores.ledger, "_partitions"):
+        pytest.skip("partitions are the embedded ledger's")
+    from instantml.storage.duckdb import ledger as duckdb_ledger
+
+    monkeypatch.setattr(duckdb_ledger, "PARTITION_KEYS", 4)
+    for n in range(5):  # 3 keys a unit: a unit that would overfill a partition begins one
+        with stores.unit():
+            _record(stores, [(1, 100 + 3 * n + i, 1) for i in range(3)], at=100.0 + n)
+    tables = lambda s: sorted(  # noqa: E731
+        name
+        for (name,) in s.ledger._engine.con.execute(  # type: ignore[attr-defined]
+            "SELECT table_name FROM information_schema.tables WHERE table_name LIKE 'idem%'"
+        ).fetchall()
+    )
+    assert tables(stores) == ["idempotency", *(f"idempotency_{n}" for n in range(1, 5))]
+    every = [(1, 100 + k, 1) for k in range(15)]
+    assert set(stores.ledger.lookup(Keys.of(every))) == set(every)
+    with pytest.raises(RuntimeError), stores.unit():
+        _record(stores, [(1, 500 + i, 1) for i in range(3)], at=200.0)
+        raise RuntimeError("the unit fails")
+    assert len(tables(stores)) == 5 and stores.ledger.lookup(Keys.of([(1, 500, 1)])) == {}
+    with stores.unit():
+        _record(stores, [(1, 600, 1)], at=300.0)  # fits the newest partition, beside unit 4
+    stores.close()
+    again = open_stores()
+    assert set(again.ledger.lookup(Keys.of([*every, (1, 600, 1)]))) == {*every, (1, 600, 1)}
+    again.ledger.prune(before=102.5)  # units 0-2 expired: their partitions are dropped
+    assert tables(again) == ["idempotency_3", "idempotency_4"]
+    assert set(again.ledger.lookup(Keys.of(every))) == {(1, 100 + k, 1) for k in range(9, 15)}
+    again.ledger.prune(before=104.5)  # the newest is never dropped: its old keys are deleted
+    assert tables(again) == ["idempotency_4"]
+    assert set(again.ledger.lookup(Keys.of([*every, (1, 600, 1)]))) == {(1, 600, 1)}
+    with again.unit():
+        _record(again, [(1, 700 + i, 1) for i in range(4)], at=400.0)
+    assert tables(again) == ["idempotency_4", "idempotency_5"]

@@ -10,6 +10,7 @@ never race another.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,6 +23,12 @@ import numpy as np
 from ..records import StorageError
 
 _VALUES_MAX_ROWS = 64
+# DuckDB's buffer cache (table pages, the newest Idempotency-Key partition's index) is
+# capped here rather than at DuckDB's default of 80% of RAM: a server that runs for weeks
+# next to training jobs should not grow with the data it has written. Queries past it
+# spill to disk. ``INSTANTML_DUCKDB_MEMORY_LIMIT`` (e.g. ``4GB``) sets another.
+MEMORY_LIMIT_ENV = "INSTANTML_DUCKDB_MEMORY_LIMIT"
+DEFAULT_MEMORY_LIMIT = "1GB"
 
 
 class Participant(Protocol):
@@ -47,6 +54,14 @@ class Engine:
             if "replaying WAL" not in str(exc):
                 raise
             raise StorageError(damaged_wal(path, exc)) from None
+        limit = os.environ.get(MEMORY_LIMIT_ENV, "").strip() or DEFAULT_MEMORY_LIMIT
+        try:
+            self.con.execute(f"SET memory_limit = '{limit.replace(chr(39), '')}'")
+        except duckdb.Error as exc:
+            self.con.close()
+            raise ValueError(
+                f"{MEMORY_LIMIT_ENV}: {limit!r} is not a memory size ({exc})"
+            ) from None
         self._local = threading.local()
         self._lock = threading.RLock()
         self._participants: list[Participant] = []
