@@ -148,6 +148,10 @@ def test_answers_across_partitions(
         ).fetchall()
     )
     assert tables(stores) == ["idempotency", *(f"idempotency_{n}" for n in range(1, 5))]
+    indexed = stores.ledger._engine.con.execute(  # type: ignore[attr-defined]
+        "SELECT table_name FROM duckdb_indexes() WHERE table_name LIKE 'idem%'"
+    ).fetchall()
+    assert indexed == [("idempotency_4",)]  # only the newest: the full ones lose theirs
     every = [(1, 100 + k, 1) for k in range(15)]
     assert set(stores.ledger.lookup(Keys.of(every))) == set(every)
     with pytest.raises(RuntimeError), stores.unit():

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..records import Keys, Slot, StoredAnswer
 from .engine import Engine
-from .keyfilter import GrowingKeyFilter
+from .keyfilter import KeyFilter
 
 SCHEMA = """
 -- Append-only (one row per unit that charged points; read as a SUM): a plain insert
@@ -26,13 +26,16 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS usage_log (
     org_id INTEGER NOT NULL, month VARCHAR NOT NULL, points BIGINT NOT NULL);
 """
-# Idempotency-Key answers, in partitions: tables of at most PARTITION_KEYS keys each, with
-# an index on key_hi. DuckDB rewrites a table's index at each checkpoint while the table
-# changes: one table of every retained key made each checkpoint cost more as keys
-# accumulated (a write's p99 from 116 to 409 ms between 2M and 10M keys, measured), and
-# held that index in memory. Only the newest partition changes now; an expired one is
-# dropped whole. Partition 0 is the table ``idempotency`` (a store from before partitions
-# has all its keys there).
+# Idempotency-Key answers, in partitions: tables of at most PARTITION_KEYS keys each, filled
+# in turn, each with a Bloom filter in memory (keyfilter.py). Only the newest is written,
+# and only it has an index (on key_hi). One table of every retained key, indexed, cost more
+# at each checkpoint as keys accumulated (DuckDB rewrites a changed table's index: a write's
+# p99 went from 116 to 409 ms between 2M and 10M keys, measured), and DuckDB keeps an
+# index's pages in memory once read (the soak's server grew by the index's size until the
+# cache cap refused queries). So a partition's index is dropped when the next one begins:
+# a key its filter may hold (about one batch in five per partition) is looked for by a scan
+# of its 2M keys. An expired partition is dropped whole. Partition 0 is the table
+# ``idempotency`` (a store from before partitions has all its keys there).
 PARTITION_KEYS = 2_000_000
 PARTITION_SCHEMA = """
 CREATE TABLE IF NOT EXISTS {table} (
@@ -86,6 +89,8 @@ class DuckDBLedger:
         self._engine = engine
         engine.con.execute(SCHEMA)
         self._partitions = self._find_partitions()
+        for number in self._partitions[:-1]:  # a store from before: only the newest indexed
+            engine.con.execute(f"DROP INDEX IF EXISTS {partition_table(number)}_key_hi")
         self._newest_keys = engine.con.execute(
             f"SELECT count(*) FROM {partition_table(self._partitions[-1])}"
         ).fetchall()[0][0]
@@ -93,7 +98,7 @@ class DuckDBLedger:
         self._claims_lock = threading.Lock()
         self._uploads: dict[tuple[int, str], _Marks] = {}  # guarded by the claims' lock
         self._used: dict[tuple[int, str], int] = {}
-        self._filter = self._load_filter()
+        self._filters = {number: self._load_filter(number) for number in self._partitions}
         self._staged = _Staged()
         engine.join(self)
 
@@ -115,17 +120,17 @@ class DuckDBLedger:
         if not len(keys):
             return {}
         org, hi, lo = keys.org, keys.hi, keys.lo
-        maybe = np.flatnonzero(self._filter.might_contain(org, hi, lo))
-        if not len(maybe):
-            return {}  # every key is new: the usual case, and no lookup at all
-        wanted = set(zip(org[maybe].tolist(), hi[maybe].tolist(), lo[maybe].tolist()))
         found: dict[Slot, StoredAnswer] = {}
         cur = self._engine.con if self._engine.in_unit else self._engine.cursor()
-        # Newest partition first (a retry is most often of a recent key); a key the filter
-        # only thought it had (most lookups) is a miss in each partition's index.
-        for number in reversed(list(self._partitions)):
+        # Newest partition first (a retry is most often of a recent key); only the keys its
+        # filter may hold (none, for nearly every batch of new keys: no lookup at all).
+        for number, key_filter in sorted(self._filters.items(), reverse=True):
+            maybe = np.flatnonzero(key_filter.might_contain(org, hi, lo))
+            if not len(maybe):
+                continue
+            wanted = set(zip(org[maybe].tolist(), hi[maybe].tolist(), lo[maybe].tolist()))
             keys_hi = sorted({slot[1] for slot in wanted if slot not in found})
-            for start in range(0, len(keys_hi), 1000):  # key_hi IN (...): by its index
+            for start in range(0, len(keys_hi), 1000):
                 chunk = keys_hi[start : start + 1000]
                 try:
                     rows = cur.execute(
@@ -139,8 +144,6 @@ class DuckDBLedger:
                 for o, h, lw, fingerprint, status, body in rows:
                     if (o, h, lw) in wanted:
                         found[(o, h, lw)] = StoredAnswer(fingerprint, status, body)
-            if len(found) == len(wanted):
-                break
         return found
 
     def record(
@@ -176,6 +179,7 @@ class DuckDBLedger:
             if newest < before and number != self._partitions[-1]:
                 cur.execute(f"DROP TABLE {table}")
                 self._partitions = [n for n in self._partitions if n != number]
+                self._filters = {n: f for n, f in self._filters.items() if n != number}
             else:
                 cur.execute(f"DELETE FROM {table} WHERE created_at < ?", [before])
 
@@ -287,7 +291,9 @@ class DuckDBLedger:
             staged.answers = [frame]
             newest, keys = self._partitions[-1], self._newest_keys
             if keys and keys + len(frame["key_hi"]) > PARTITION_KEYS:
-                newest, keys = newest + 1, 0  # created in this unit: gone with a rollback
+                # Begun in this unit (gone with a rollback); the full one loses its index.
+                engine.con.execute(f"DROP INDEX IF EXISTS {partition_table(newest)}_key_hi")
+                newest, keys = newest + 1, 0
                 engine.con.execute(PARTITION_SCHEMA.format(table=partition_table(newest)))
             staged.partition = (newest, keys + len(frame["key_hi"]))
             with engine.frame("idem_batch", frame) as (source, params):
@@ -306,20 +312,20 @@ class DuckDBLedger:
             newest, self._newest_keys = staged.partition
             if newest != self._partitions[-1]:
                 self._partitions = [*self._partitions, newest]
-        if staged.answers:
+                self._filters = {**self._filters, newest: KeyFilter(PARTITION_KEYS)}
             frame = staged.answers[0]
-            self._filter.add(frame["org_id"].astype(np.int64), frame["key_hi"], frame["key_lo"])
+            self._filters[newest].add(
+                frame["org_id"].astype(np.int64), frame["key_hi"], frame["key_lo"]
+            )
         self._staged = _Staged()
 
     def rolled_back(self) -> None:
         self._staged = _Staged()
 
-    def _load_filter(self, minimum: int = 1 << 20) -> GrowingKeyFilter:
+    def _load_filter(self, number: int) -> KeyFilter:
         keys = self._engine.con.execute(
-            " UNION ALL ".join(
-                f"SELECT org_id, key_hi, key_lo FROM {partition_table(n)}" for n in self._partitions
-            )
+            f"SELECT org_id, key_hi, key_lo FROM {partition_table(number)}"
         ).fetchnumpy()
-        key_filter = GrowingKeyFilter(max(minimum, 2 * len(keys["key_hi"])))
+        key_filter = KeyFilter(max(PARTITION_KEYS, len(keys["key_hi"])))
         key_filter.add(keys["org_id"].astype(np.int64), keys["key_hi"], keys["key_lo"])
         return key_filter
