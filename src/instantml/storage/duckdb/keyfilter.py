@@ -13,25 +13,37 @@ HASHES = 10
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
+def hashes(org: np.ndarray, hi: np.ndarray, lo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The two hashes a key's bit positions are made of (the same in every filter)."""
+    return hi.astype(np.uint64) ^ (org.astype(np.uint64) * _GOLDEN), lo.astype(np.uint64) | 1
+
+
 class KeyFilter:
     def __init__(self, capacity: int) -> None:
         self.capacity = max(1, capacity)
-        self._bits_count = np.uint64(-(-self.capacity * BITS_PER_KEY // 64) * 64)
-        self._bits = np.zeros(int(self._bits_count) // 8, dtype=np.uint8)
+        self._size = np.uint64(-(-self.capacity * BITS_PER_KEY // 64) * 64)
+        self._bits = np.zeros(int(self._size) // 8, dtype=np.uint8)
 
-    def _positions(self, org: np.ndarray, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
-        h1 = hi.astype(np.uint64) ^ (org.astype(np.uint64) * _GOLDEN)
-        h2 = lo.astype(np.uint64) | np.uint64(1)
+    def _set(self, pos: np.ndarray) -> np.ndarray:
+        return (self._bits[pos >> np.uint64(3)] >> (pos & np.uint64(7)).astype(np.uint8)) & 1
+
+    def might_contain(self, h1: np.ndarray, h2: np.ndarray) -> np.ndarray:
+        """Per key (its :func:`hashes`): whether it may be in the filter. A key leaves at
+        its first unset bit: a third of new keys pass a bit, so the check costs about
+        1.5 positions a key rather than ten."""
+        alive = np.arange(len(h1))
+        for i in range(HASHES):
+            pos = (h1[alive] + np.uint64(i) * h2[alive]) % self._size  # wraps modulo 2**64
+            alive = alive[self._set(pos).astype(bool)]
+            if not len(alive):
+                break
+        found = np.zeros(len(h1), dtype=bool)
+        found[alive] = True
+        return found
+
+    def add(self, h1: np.ndarray, h2: np.ndarray) -> None:
         steps = np.arange(HASHES, dtype=np.uint64)[:, None]
-        return (h1[None, :] + steps * h2[None, :]) % self._bits_count  # wraps modulo 2**64
-
-    def might_contain(self, org: np.ndarray, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
-        pos = self._positions(org, hi, lo)
-        hit = (self._bits[pos >> np.uint64(3)] >> (pos & np.uint64(7)).astype(np.uint8)) & 1
-        return np.asarray(hit.all(axis=0))
-
-    def add(self, org: np.ndarray, hi: np.ndarray, lo: np.ndarray) -> None:
-        pos = self._positions(org, hi, lo).ravel()
+        pos = ((h1[None, :] + steps * h2[None, :]) % self._size).ravel()
         np.bitwise_or.at(
             self._bits, pos >> np.uint64(3), (1 << (pos & np.uint64(7))).astype(np.uint8)
         )

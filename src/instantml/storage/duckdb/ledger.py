@@ -18,7 +18,7 @@ import numpy as np
 
 from ..records import Keys, Slot, StoredAnswer
 from .engine import Engine
-from .keyfilter import KeyFilter
+from .keyfilter import KeyFilter, hashes
 
 SCHEMA = """
 -- Append-only (one row per unit that charged points; read as a SUM): a plain insert
@@ -120,12 +120,13 @@ class DuckDBLedger:
         if not len(keys):
             return {}
         org, hi, lo = keys.org, keys.hi, keys.lo
+        h1, h2 = hashes(org, hi, lo)
         found: dict[Slot, StoredAnswer] = {}
         cur = self._engine.con if self._engine.in_unit else self._engine.cursor()
         # Newest partition first (a retry is most often of a recent key); only the keys its
         # filter may hold (none, for nearly every batch of new keys: no lookup at all).
         for number, key_filter in sorted(self._filters.items(), reverse=True):
-            maybe = np.flatnonzero(key_filter.might_contain(org, hi, lo))
+            maybe = np.flatnonzero(key_filter.might_contain(h1, h2))
             if not len(maybe):
                 continue
             wanted = set(zip(org[maybe].tolist(), hi[maybe].tolist(), lo[maybe].tolist()))
@@ -314,9 +315,7 @@ class DuckDBLedger:
                 self._partitions = [*self._partitions, newest]
                 self._filters = {**self._filters, newest: KeyFilter(PARTITION_KEYS)}
             frame = staged.answers[0]
-            self._filters[newest].add(
-                frame["org_id"].astype(np.int64), frame["key_hi"], frame["key_lo"]
-            )
+            self._filters[newest].add(*hashes(frame["org_id"], frame["key_hi"], frame["key_lo"]))
         self._staged = _Staged()
 
     def rolled_back(self) -> None:
@@ -327,5 +326,5 @@ class DuckDBLedger:
             f"SELECT org_id, key_hi, key_lo FROM {partition_table(number)}"
         ).fetchnumpy()
         key_filter = KeyFilter(max(PARTITION_KEYS, len(keys["key_hi"])))
-        key_filter.add(keys["org_id"].astype(np.int64), keys["key_hi"], keys["key_lo"])
+        key_filter.add(*hashes(keys["org_id"], keys["key_hi"], keys["key_lo"]))
         return key_filter
