@@ -148,16 +148,17 @@ def test_answers_across_partitions(
         ).fetchall()
     )
     assert tables(stores) == ["idempotency", *(f"idempotency_{n}" for n in range(1, 5))]
-    indexed = stores.ledger._engine.con.execute(  # type: ignore[attr-defined]
+    indexed = lambda s: s.ledger._engine.con.execute(  # type: ignore[attr-defined]  # noqa: E731
         "SELECT table_name FROM duckdb_indexes() WHERE table_name LIKE 'idem%'"
     ).fetchall()
-    assert indexed == [("idempotency_4",)]  # only the newest: the full ones lose theirs
+    assert indexed(stores) == [("idempotency_4",)]  # only the newest: full ones lose theirs
     every = [(1, 100 + k, 1) for k in range(15)]
     assert set(stores.ledger.lookup(Keys.of(every))) == set(every)
     with pytest.raises(RuntimeError), stores.unit():
         _record(stores, [(1, 500 + i, 1) for i in range(3)], at=200.0)
         raise RuntimeError("the unit fails")
     assert len(tables(stores)) == 5 and stores.ledger.lookup(Keys.of([(1, 500, 1)])) == {}
+    assert indexed(stores) == [("idempotency_4",)]  # its index dropped, then rolled back
     with stores.unit():
         _record(stores, [(1, 600, 1)], at=300.0)  # fits the newest partition, beside unit 4
     stores.close()
