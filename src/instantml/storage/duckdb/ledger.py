@@ -81,7 +81,7 @@ class _Staged:
     def __init__(self) -> None:
         self.charges: dict[tuple[int, str], int] = {}
         self.answers: list[dict[str, np.ndarray]] = []
-        self.partition: tuple[int, int] | None = None  # (newest partition, its keys) after
+        self.partition: tuple[int, int] | None = None  # (newest partition, its keys) on commit
 
 
 class DuckDBLedger:
