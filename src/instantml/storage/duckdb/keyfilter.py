@@ -20,8 +20,7 @@ def hashes(org: np.ndarray, hi: np.ndarray, lo: np.ndarray) -> tuple[np.ndarray,
 
 class KeyFilter:
     def __init__(self, capacity: int) -> None:
-        self.capacity = max(1, capacity)
-        self._size = np.uint64(-(-self.capacity * BITS_PER_KEY // 64) * 64)
+        self._size = np.uint64(-(-max(1, capacity) * BITS_PER_KEY // 64) * 64)
         self._bits = np.zeros(int(self._size) // 8, dtype=np.uint8)
 
     def _set(self, pos: np.ndarray) -> np.ndarray:
