@@ -42,7 +42,7 @@ from instantml.server.commands import Envelope
 from instantml.server.process import ServerProcess
 from instantml.server.service import WriteService
 from instantml.storage import open_stores
-from instantml.storage.records import RANK, RunSpec
+from instantml.storage.records import RANK, Keys, RunSpec
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_spool import drain, fill_spool, pct
@@ -214,6 +214,7 @@ def store_floor(path: Path, batch: int, batches: int) -> float:
         with stores.unit():
             sids = stores.runs.series_ids(run, RANK, list(METRICS))
         rng = np.random.default_rng(0)
+        writers = rng.integers(-(2**62), 2**62, size=512)
         prepared = []
         for b in range(batches):
             n = b * batch + np.arange(batch)
@@ -224,15 +225,17 @@ def store_floor(path: Path, batch: int, batches: int) -> float:
                 "seq": np.arange(batch),
             }  # fmt: skip
             keys = rng.integers(-(2**62), 2**62, size=(3, batch))
-            prepared.append((columns, keys, int(n[-1] // 512)))
+            # Each rank a writer's keys "<prefix>-<n>", n its step + 1, as the spool names them.
+            sequence = (writers[n % 512], n // 512 + 1)
+            prepared.append((columns, keys, sequence, int(n[-1] // 512)))
         start = time.perf_counter()
-        for columns, keys, last in prepared:
+        for columns, keys, sequence, last in prepared:
             with stores.unit():
                 for sid in sids:
                     stores.points.write_rank(sid, dict(columns, value=rng.random(batch)))
                 stores.runs.extend({run.seq: (512, last)})
                 stores.ledger.record(
-                    np.full(batch, org), keys[0], keys[1], keys[2],
+                    Keys(np.full(batch, org), keys[0], keys[1], *sequence), keys[2],
                     np.full(batch, 200, np.int16), ['{"accepted":3}'] * batch, time.time(),
                 )  # fmt: skip
         return batches * batch * len(sids) / (time.perf_counter() - start)

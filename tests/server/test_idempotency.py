@@ -4,6 +4,7 @@ is 422; concurrent repeats write once; a refused request may be retried afresh."
 from __future__ import annotations
 
 import asyncio
+import random
 import uuid
 
 import httpx
@@ -114,3 +115,39 @@ def test_concurrent_repeats_write_once(
     assert api.get(f"/api/runs/{run_id}/metrics", params={"metric": "c"}).json()["points"] == [
         [1, 1.0]
     ]
+
+
+def test_writers_keys_are_the_same_keys_on_every_route(api: httpx.Client, run_id: str) -> None:
+    """Event ids ``<prefix>-<n>`` (what the SDK and the spool send; the embedded store keeps
+    them as ranges of n): replayed whichever route sent them first, in whatever order the
+    batches came, and ``<prefix>-05`` or an unsent n is a new key."""
+    path = f"/runs/{run_id}/rank-metrics"
+    writers = [uuid.uuid4().hex for _ in range(8)]
+
+    def event(rank: int, n: int, key: str | None = None) -> dict[str, object]:
+        body = rank_body(metrics={"k": float(n)}, rank=rank, step=n)
+        return {"event_id": key or f"{writers[rank]}-{n}",
+                "request": {"method": "POST", "path": path, "body": body}}  # fmt: skip
+
+    sent = [event(rank, n) for n in range(1, 31) for rank in range(8)]
+    random.Random(4).shuffle(sent)
+    for batch in (sent[:100], sent[100:200], sent[200:]):
+        results = api.post("/api/ingest", json={"events": batch}).json()["results"]
+        assert [r["status"] for r in results] == [200] * len(batch)
+        assert not any(r.get("replayed") for r in results)
+    late = [event(0, 31), event(1, 5, f"{writers[1]}-05"), event(9 % 8, 40)]
+    again = api.post("/api/ingest", json={"events": sent[::7] + late}).json()["results"]
+    assert [bool(r.get("replayed")) for r in again] == [True] * len(sent[::7]) + [False] * 3
+    # The single route, with the batch's key: a replay; then a key sent first alone.
+    first = sent[0]
+    single = api.post(path, json=first["request"]["body"],  # type: ignore[index]
+                      headers={"Idempotency-Key": first["event_id"]})  # type: ignore[dict-item]  # fmt: skip
+    assert single.status_code == 200 and single.headers.get("idempotent-replayed") == "true"
+    alone = event(2, 50)
+    answer = api.post(path, json=alone["request"]["body"],  # type: ignore[index]
+                      headers={"Idempotency-Key": alone["event_id"]})  # type: ignore[dict-item]  # fmt: skip
+    assert answer.status_code == 200 and answer.headers.get("idempotent-replayed") is None
+    results = api.post("/api/ingest", json={"events": [alone, event(2, 51)]}).json()["results"]
+    assert [bool(r.get("replayed")) for r in results] == [True, False]
+    # (The "-05" event rewrote its point: the same step and rank as "-5".)
+    assert len(stored_rank_points(api, run_id, "k")) == 8 * 30 + 2 + 2

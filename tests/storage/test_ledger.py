@@ -16,10 +16,10 @@ from tests.storage.conftest import OpenStores
 def _record(
     stores: Stores, slots: list[tuple[int, int, int]], at: float, status: int = 200
 ) -> None:
-    org, hi, lo = (np.array(c, dtype=np.int64) for c in zip(*slots))
+    keys = Keys.of(slots)
     stores.ledger.record(
-        org, hi, lo, hi * 3, np.full(len(slots), status, dtype=np.int16),
-        [f'{{"accepted": {h}}}' for h in hi.tolist()], at,
+        keys, keys.hi * 3, np.full(len(slots), status, dtype=np.int16),
+        [f'{{"accepted": {h}}}' for h in keys.hi.tolist()], at,
     )  # fmt: skip
 
 
@@ -173,3 +173,71 @@ def test_answers_across_partitions(
     with again.unit():
         _record(again, [(1, 700 + i, 1) for i in range(4)], at=400.0)
     assert tables(again) == ["idempotency_4", "idempotency_5"]
+
+
+def _record_forms(
+    stores: Stores, org: int, writer: int, ns: list[int], at: float, hi: int | None = None
+) -> list[tuple[int, int, int]]:
+    """Keys ``<writer>-<n>`` (their 128-bit hash stood in for by (writer, n)), recorded."""
+    slots = [(org, writer if hi is None else hi, n) for n in ns]
+    keys = Keys.of(slots, [(writer, n) for n in ns])
+    stores.ledger.record(
+        keys, keys.lo, np.full(len(ns), 200, dtype=np.int16), ["{}"] * len(ns), at
+    )  # fmt: skip
+    return slots
+
+
+def _ask(stores: Stores, org: int, writer: int, ns: list[int]) -> set[int]:
+    keys = Keys.of([(org, writer, n) for n in ns], [(writer, n) for n in ns])
+    return {lo for _, _, lo in stores.ledger.lookup(keys)}
+
+
+def test_keys_of_a_writer_are_found_across_partitions_and_restarts(
+    open_stores: OpenStores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Keys ``<prefix>-<n>`` (the SDK's and the spool's): found whichever partition, unit or
+    order they were stored in, after a restart too, and never taken for another org's or
+    writer's; the embedded ledger keeps them as ranges, none of them in a Bloom filter,
+    until a partition's keys make too many ranges (random n): those go to its filter."""
+    from instantml.storage.duckdb import ledger as duckdb_ledger
+
+    monkeypatch.setattr(duckdb_ledger, "PARTITION_KEYS", 50)
+    monkeypatch.setattr(duckdb_ledger, "RANGE_LIMIT", 8)
+    stores = open_stores()
+    embedded = hasattr(stores.ledger, "_ranges")
+    rng = np.random.default_rng(11)
+    stored: dict[int, set[int]] = {101: set(), 102: set(), 103: set()}
+    chunks = rng.permutation(12).tolist()  # three writers, n 1..120 each, out of order
+    for unit, chunk in enumerate(chunks):
+        with stores.unit():
+            for writer in stored:
+                ns = list(range(10 * chunk + 1, 10 * chunk + 11))
+                _record_forms(stores, 1, writer, ns, at=100.0 + unit)
+                stored[writer].update(ns)
+    asked = list(range(0, 130))
+    for writer, ns in stored.items():
+        assert _ask(stores, 1, writer, asked) == ns
+    assert _ask(stores, 2, 101, asked) == set()  # another org
+    assert _ask(stores, 1, 104, asked) == set()  # another writer
+    if embedded:
+        ledger = stores.ledger
+        assert len(ledger._partitions) > 2  # type: ignore[attr-defined]
+        assert ledger._filters == {}  # type: ignore[attr-defined]
+        assert all(len(r) <= 3 for r in ledger._ranges.values())  # type: ignore[attr-defined]
+    # Random n: ranges beyond RANGE_LIMIT in the newest partition; the rest go to a filter.
+    scattered = sorted(set(rng.integers(1000, 10**9, 30).tolist()))
+    with stores.unit():
+        _record_forms(stores, 1, 105, scattered, at=200.0)
+    assert _ask(stores, 1, 105, [*scattered, 999]) == set(scattered)
+    if embedded:
+        assert list(stores.ledger._filters) == [stores.ledger._partitions[-1]]  # type: ignore[attr-defined]
+    stores.close()
+    again = open_stores()
+    for writer, ns in stored.items():
+        assert _ask(again, 1, writer, asked) == ns
+    assert _ask(again, 1, 105, [*scattered, 999]) == set(scattered)
+    again.ledger.prune(before=104.5)  # units 0-4 expired
+    gone = {n for chunk in chunks[:5] for n in range(10 * chunk + 1, 10 * chunk + 11)}
+    kept = {writer: ns - gone for writer, ns in stored.items()}
+    for writer, ns in kept.items():
+        assert _ask(again, 1, writer, asked) == ns

@@ -86,6 +86,8 @@ def _write(org: int, events: list[dict[str, Any]]) -> RankEvents:
             [hash((e["step"], e["rank"], tuple(map(repr, e["metrics"].items())))) for e in events],
             dtype=np.int64,
         ),
+        key_seq=np.zeros(len(events), dtype=np.int64),
+        key_n=np.full(len(events), -1, dtype=np.int64),
     )
 
 

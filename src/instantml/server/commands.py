@@ -102,6 +102,8 @@ class RankEvents:
     key_hi: np.ndarray  # int64, as the three columns below: the ledger takes them as they are
     key_lo: np.ndarray
     fingerprints: np.ndarray
+    key_seq: np.ndarray  # int64, each key's form (``idempotency.key_sequences``)
+    key_n: np.ndarray
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -113,10 +115,14 @@ class RankEvents:
         return set(map(tuple, self.metrics))
 
     def keys(self) -> Keys:
-        return Keys(np.full(len(self), self.org_id, dtype=np.int64), self.key_hi, self.key_lo)
+        org = np.full(len(self), self.org_id, dtype=np.int64)
+        return Keys(org, self.key_hi, self.key_lo, self.key_seq, self.key_n)
 
     def envelopes(self) -> list[Envelope]:
-        key_hi, key_lo, prints = (c.tolist() for c in (self.key_hi, self.key_lo, self.fingerprints))
+        key_hi, key_lo, prints, seq, n = (
+            c.tolist()
+            for c in (self.key_hi, self.key_lo, self.fingerprints, self.key_seq, self.key_n)
+        )
         return [
             Envelope(
                 WriteRankPoints(
@@ -130,7 +136,7 @@ class RankEvents:
                     metrics=self.metrics[i],
                     timestamp=self.timestamps[i],
                 ),
-                Idempotency(key_hi[i], key_lo[i], prints[i]),
+                Idempotency(key_hi[i], key_lo[i], prints[i], seq[i], n[i]),
             )
             for i in range(len(self.steps))
         ]
@@ -166,6 +172,8 @@ class Idempotency:
     key_hi: int
     key_lo: int
     fingerprint: int
+    seq: int = 0  # the key's form (idempotency.key_sequence): (0, -1) for none
+    n: int = -1
 
 
 @dataclass(slots=True)

@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Iterable
 from functools import lru_cache
+from itertools import chain
 from typing import Any
 
 import msgspec
+import numpy as np
 import orjson
 import xxhash
 
 from ..protocol import IN_FLIGHT
+from ..storage.records import SEQUENCE_LIMIT
 from .commands import Idempotency
 from .errors import ApiError
 from .rank_body import RankBody, canonical, rank_route
@@ -36,6 +40,41 @@ def key_hash(key: str) -> tuple[int, int]:
     """A key reduced to 128 bits, as two signed 64-bit halves."""
     hi, lo = _TWO_INT64(xxhash.xxh3_128_digest(key.encode()))
     return hi, lo
+
+
+# Keys of the form ``<prefix>-<n>``: n in canonical decimal (no sign, no leading zero) below
+# SEQUENCE_LIMIT, so that the key and (prefix, n) determine each other.
+_SEQUENCE_DIGITS = len(str(SEQUENCE_LIMIT))
+
+
+def key_sequence(key: str) -> tuple[int, int]:
+    """(the prefix's 64-bit hash, n) of a key ``<prefix>-<n>``, as the SDK and the spool
+    name events (one prefix per writer, n counting from 1); (0, -1) for any other key."""
+    prefix, _, digits = key.rpartition("-")
+    if (
+        not prefix
+        or not digits.isascii()
+        or not digits.isdigit()
+        or len(digits) > _SEQUENCE_DIGITS
+        or (digits[0] == "0" and digits != "0")
+    ):
+        return 0, -1
+    n = int(digits)
+    if n >= SEQUENCE_LIMIT:
+        return 0, -1
+    return _prefix_hash(prefix), n
+
+
+@lru_cache(maxsize=8192)
+def _prefix_hash(prefix: str) -> int:
+    (value,) = _INT64(xxhash.xxh3_64_digest(prefix.encode()))
+    return value
+
+
+def key_sequences(keys: Iterable[str]) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`key_sequence` of each key, as two int64 columns."""
+    both = np.fromiter(chain.from_iterable(map(key_sequence, keys)), dtype=np.int64)
+    return both[0::2].copy(), both[1::2].copy()
 
 
 def fingerprint(method: str, path: str, body: Any) -> int:
@@ -71,7 +110,7 @@ def fingerprint_prefix(path: str) -> bytes:
 def make(org_id: int, key: str, method: str, path: str, body: Any) -> Idempotency:
     if not 1 <= len(key) <= MAX_KEY_LENGTH:
         raise ApiError(400, f"Idempotency-Key must be 1-{MAX_KEY_LENGTH} characters")
-    return Idempotency(*key_hash(key), fingerprint(method, path, body))
+    return Idempotency(*key_hash(key), fingerprint(method, path, body), *key_sequence(key))
 
 
 IN_FLIGHT_ERROR = "Idempotency-Key: a request with this key is still being processed; retry later"

@@ -26,7 +26,14 @@ import xxhash
 from msgspec import Meta
 
 from .commands import MetricMatrix, RankEvents
-from .idempotency import MAX_KEY_LENGTH, fingerprint_prefix, key_hash, typed_fingerprint
+from .idempotency import (
+    MAX_KEY_LENGTH,
+    fingerprint_prefix,
+    key_hash,
+    key_sequence,
+    key_sequences,
+    typed_fingerprint,
+)
 from .rank_body import RankBody, canonical, rank_route
 
 
@@ -157,6 +164,7 @@ def columns_of(events: list[RankEvent], org_id: int, now: float) -> RankEvents |
         keys[0::2].copy(),
         keys[1::2].copy(),
         prints,
+        *key_sequences(map(_EVENT_ID, events)),
     )
 
 
@@ -203,6 +211,7 @@ class RankEventsBuilder:
                 hi,
                 lo,
                 typed_fingerprint(request.path, body),
+                *key_sequence(event.event_id),
             )
         )
         return True
@@ -210,7 +219,7 @@ class RankEventsBuilder:
     def build(self) -> RankEvents:
         """The events taken so far as one write; the builder starts empty again."""
         columns: list[Any] = [list(column) for column in zip(*self._rows, strict=True)]
-        columns[-3:] = [np.array(column, dtype=np.int64) for column in columns[-3:]]
+        columns[-5:] = [np.array(column, dtype=np.int64) for column in columns[-5:]]
         matrix = MetricMatrix.of(columns[7])
         if matrix is not None:
             columns[7] = matrix

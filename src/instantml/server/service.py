@@ -141,7 +141,7 @@ class _Group:
         self.chunks: list[_Chunk] = []
         self._chunk_index: list[dict[Slot, int]] = []
         self.known = self.stores.ledger.lookup(_keys(envelopes))
-        self.recorded: list[tuple[Slot, StoredAnswer]] = []
+        self.recorded: list[tuple[Slot, StoredAnswer, tuple[int, int]]] = []  # with its form
         self.touched: set[tuple[int, str]] = set()  # runs given rank points
 
     def apply(self) -> list[Answer]:
@@ -168,7 +168,7 @@ class _Group:
         if slot is not None and idem is not None and 200 <= answer.status < 300:
             stored = StoredAnswer(idem.fingerprint, answer.status, answer.text())
             self.seen[slot] = stored
-            self.recorded.append((slot, stored))
+            self.recorded.append((slot, stored, (idem.seq, idem.n)))
         return answer
 
     def _decide(self, write: Write) -> Answer:
@@ -316,17 +316,16 @@ class _Group:
             else:
                 bodies += map(answers.accepted_text, counts.tolist())
         if self.recorded:
-            keys.append(Keys.of([slot for slot, _ in self.recorded]))
-            prints.append(np.array([s.fingerprint for _, s in self.recorded], dtype=np.int64))
-            statuses.append(np.array([s.status for _, s in self.recorded], dtype=np.int16))
-            bodies += [stored.body for _, stored in self.recorded]
+            slots, stored, forms = zip(*self.recorded, strict=True)
+            keys.append(Keys.of(slots, forms))
+            prints.append(np.array([s.fingerprint for s in stored], dtype=np.int64))
+            statuses.append(np.array([s.status for s in stored], dtype=np.int16))
+            bodies += [s.body for s in stored]
         if not bodies:
             return
         every = Keys.concat(keys)
         self.stores.ledger.record(
-            every.org,
-            every.hi,
-            every.lo,
+            every,
             np.concatenate(prints),
             np.concatenate(statuses),
             bodies,
@@ -356,12 +355,14 @@ def _keys(envelopes: Sequence[Envelope]) -> Keys:
     """Every Idempotency-Key the envelopes carry."""
     parts: list[Keys] = []
     slots: list[Slot] = []
+    forms: list[tuple[int, int]] = []
     for envelope in envelopes:
-        write = envelope.write
+        write, idem = envelope.write, envelope.idempotency
         if isinstance(write, RankEvents):
             parts.append(write.keys())
-        elif envelope.idempotency is not None:
-            slots.append((write.org_id, envelope.idempotency.key_hi, envelope.idempotency.key_lo))
+        elif idem is not None:
+            slots.append((write.org_id, idem.key_hi, idem.key_lo))
+            forms.append((idem.seq, idem.n))
     if slots:
-        parts.append(Keys.of(slots))
+        parts.append(Keys.of(slots, forms))
     return Keys.concat(parts)

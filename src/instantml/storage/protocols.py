@@ -142,9 +142,7 @@ class Ledger(Protocol):
 
     def record(
         self,
-        org: np.ndarray,
-        key_hi: np.ndarray,
-        key_lo: np.ndarray,
+        keys: Keys,
         fingerprint: np.ndarray,
         status: np.ndarray,
         body: Sequence[str],

@@ -104,6 +104,7 @@ class StoredAnswer:
 
 
 Slot = tuple[int, int, int]  # (org, key_hi, key_lo): an Idempotency-Key, reduced
+SEQUENCE_LIMIT = 1 << 40  # n of a key ``<prefix>-<n>`` (Keys.n) is below it
 
 
 @dataclass(slots=True, frozen=True)
@@ -114,14 +115,26 @@ class Keys:
     org: np.ndarray
     hi: np.ndarray
     lo: np.ndarray
+    # A key of the form ``<prefix>-<n>`` (``idempotency.key_sequence``: what the SDK and the
+    # spool make, n counting up per writer): its prefix's hash and n; 0 and -1 for any
+    # other key. The embedded ledger keeps such keys as ranges of n rather than one by one.
+    seq: np.ndarray
+    n: np.ndarray
 
     @classmethod
-    def of(cls, slots: Sequence[Slot]) -> Keys:
+    def of(cls, slots: Sequence[Slot], forms: Sequence[tuple[int, int]] | None = None) -> Keys:
+        """Keys from slots, with their forms ((seq, n) each), or as keys of no form. A key
+        that has a form is looked up with it: the embedded ledger finds a key stored with
+        its form only by it."""
         if not slots:
             empty = np.zeros(0, dtype=np.int64)
-            return cls(empty, empty, empty)
+            return cls(empty, empty, empty, empty, empty)
         org, hi, lo = (np.fromiter(c, dtype=np.int64, count=len(slots)) for c in zip(*slots))
-        return cls(org, hi, lo)
+        if forms is None:
+            seq, n = np.zeros(len(slots), np.int64), np.full(len(slots), -1, np.int64)
+        else:
+            seq, n = (np.fromiter(c, dtype=np.int64, count=len(forms)) for c in zip(*forms))
+        return cls(org, hi, lo, seq, n)
 
     @classmethod
     def concat(cls, parts: Sequence[Keys]) -> Keys:
@@ -129,7 +142,12 @@ class Keys:
             return parts[0]
         if not parts:
             return cls.of([])
-        return cls(*(np.concatenate([getattr(k, c) for k in parts]) for c in ("org", "hi", "lo")))
+        return cls(
+            *(
+                np.concatenate([getattr(k, c) for k in parts])
+                for c in ("org", "hi", "lo", "seq", "n")
+            )
+        )
 
     def __len__(self) -> int:
         return len(self.hi)

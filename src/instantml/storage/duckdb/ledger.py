@@ -1,9 +1,10 @@
 """Idempotency-Key claims and answers, and usage, in DuckDB.
 
 Process-local, and safe only because one process owns the file (docs/decisions.md): the
-in-flight claims (a set), a Bloom filter of every stored key (so a new key, nearly every
-key, needs no lookup), and each org's count of this month's points (the usage table is
-append-only and summed on a miss). A shared metadata store replaces all three with rows.
+in-flight claims (a set), what every stored key is known by in memory (so a new key, nearly
+every key, needs no lookup: ranges of n for keys ``<prefix>-<n>``, a Bloom filter for any
+other), and each org's count of this month's points (the usage table is append-only and
+summed on a miss). A shared metadata store replaces all three with rows.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 from ..records import Keys, Slot, StoredAnswer
 from .engine import Engine
 from .keyfilter import KeyFilter, hashes
+from .keyranges import KeyRanges, idents
 
 SCHEMA = """
 -- Append-only (one row per unit that charged points; read as a SUM): a plain insert
@@ -27,22 +29,31 @@ CREATE TABLE IF NOT EXISTS usage_log (
     org_id INTEGER NOT NULL, month VARCHAR NOT NULL, points BIGINT NOT NULL);
 """
 # Idempotency-Key answers, in partitions: tables of at most PARTITION_KEYS keys each, filled
-# in turn, each with a Bloom filter in memory (keyfilter.py). Only the newest is written,
+# in turn, each known in memory by the ranges of its keys ``<prefix>-<n>`` (keyranges.py:
+# the SDK's and the spool's keys, a few hundred ranges a partition) and a Bloom filter of
+# its other keys (keyfilter.py; made only for a partition that has some, or whose keys
+# make more than RANGE_LIMIT ranges: it then takes those). Only the newest is written,
 # and only it has an index (on key_hi). One table of every retained key, indexed, cost more
 # at each checkpoint as keys accumulated (DuckDB rewrites a changed table's index: a write's
 # p99 went from 116 to 409 ms between 2M and 10M keys, measured), and DuckDB keeps an
 # index's pages in memory once read (the soak's server grew by the index's size until the
 # cache cap refused queries). So a partition's index is dropped when the next one begins:
-# a key its filter may hold (about one batch in five per partition) is looked for by a scan
-# of its 2M keys. An expired partition is dropped whole. Partition 0 is the table
-# ``idempotency`` (a store from before partitions has all its keys there).
+# a key its ranges or filter may hold (a retry's, nearly always in the newest) is looked for
+# by a scan of its 2M keys. An expired partition is dropped whole. Partition 0 is the table
+# ``idempotency`` (a store from before partitions has all its keys there; one from before
+# ranges has no seq columns, its keys all go to the filters).
 PARTITION_KEYS = 2_000_000
+RANGE_LIMIT = 1 << 16
 PARTITION_SCHEMA = """
 CREATE TABLE IF NOT EXISTS {table} (
     org_id INTEGER NOT NULL, key_hi BIGINT NOT NULL, key_lo BIGINT NOT NULL,
     fingerprint BIGINT NOT NULL, status SMALLINT NOT NULL, body VARCHAR NOT NULL,
-    created_at DOUBLE NOT NULL);
+    created_at DOUBLE NOT NULL, seq BIGINT, seq_n BIGINT);
 CREATE INDEX IF NOT EXISTS {table}_key_hi ON {table} (key_hi);
+"""
+SEQ_COLUMNS = """
+ALTER TABLE {table} ADD COLUMN IF NOT EXISTS seq BIGINT;
+ALTER TABLE {table} ADD COLUMN IF NOT EXISTS seq_n BIGINT;
 """
 
 
@@ -59,6 +70,8 @@ _IDEMPOTENCY_COLUMNS = {
     "status": np.int16,
     "body": object,
     "created_at": np.float64,
+    "seq": np.int64,
+    "seq_n": np.int64,
 }
 
 
@@ -89,6 +102,8 @@ class DuckDBLedger:
         self._engine = engine
         engine.con.execute(SCHEMA)
         self._partitions = self._find_partitions()
+        for number in self._partitions:
+            engine.con.execute(SEQ_COLUMNS.format(table=partition_table(number)))
         for number in self._partitions[:-1]:  # a store from before: only the newest indexed
             engine.con.execute(f"DROP INDEX IF EXISTS {partition_table(number)}_key_hi")
         self._newest_keys = engine.con.execute(
@@ -98,7 +113,14 @@ class DuckDBLedger:
         self._claims_lock = threading.Lock()
         self._uploads: dict[tuple[int, str], _Marks] = {}  # guarded by the claims' lock
         self._used: dict[tuple[int, str], int] = {}
-        self._filters = {number: self._load_filter(number) for number in self._partitions}
+        # What each partition's keys are known by (replaced, never changed in place, but for
+        # a filter's bits: a lookup on another thread reads them as they were).
+        self._ranges: dict[int, KeyRanges] = {}
+        self._filters: dict[int, KeyFilter] = {}
+        self._ranges_full: set[int] = set()  # its keys beyond RANGE_LIMIT ranges: to the filter
+        for number in self._partitions:
+            self._load(number)
+        self._frozen = KeyRanges().union(*(self._ranges[n] for n in self._partitions[:-1]))
         self._staged = _Staged()
         engine.join(self)
 
@@ -119,17 +141,32 @@ class DuckDBLedger:
     def lookup(self, keys: Keys) -> dict[Slot, StoredAnswer]:
         if not len(keys):
             return {}
-        org, hi, lo = keys.org, keys.hi, keys.lo
-        h1, h2 = hashes(org, hi, lo)
+        partitions, ranges, filters = self._partitions, self._ranges, self._filters
+        org, hi, lo, n = keys.org, keys.hi, keys.lo, keys.n
+        ident = idents(org, keys.seq)
+        empty = KeyRanges()
+        # Keys ``<prefix>-<n>`` stored anywhere: one check against the frozen partitions'
+        # ranges (merged) and one against the newest's; none, for a batch of new keys.
+        maybe = np.flatnonzero(
+            (n >= 0)
+            & (
+                self._frozen.contains(ident, n)
+                | ranges.get(partitions[-1], empty).contains(ident, n)
+            )
+        )
+        h = hashes(org, hi, lo) if filters else None
         found: dict[Slot, StoredAnswer] = {}
         cur = self._engine.con if self._engine.in_unit else self._engine.cursor()
         # Newest partition first (a retry is most often of a recent key); only the keys its
-        # filter may hold (none, for nearly every batch of new keys: no lookup at all).
-        for number, key_filter in sorted(self._filters.items(), reverse=True):
-            maybe = np.flatnonzero(key_filter.might_contain(h1, h2))
-            if not len(maybe):
+        # ranges or filter may hold.
+        for number in reversed(partitions):
+            look = maybe[ranges.get(number, empty).contains(ident[maybe], n[maybe])]
+            key_filter = filters.get(number)
+            if key_filter is not None and h is not None:
+                look = np.union1d(look, np.flatnonzero(key_filter.might_contain(*h)))
+            if not len(look):
                 continue
-            wanted = set(zip(org[maybe].tolist(), hi[maybe].tolist(), lo[maybe].tolist()))
+            wanted = set(zip(org[look].tolist(), hi[look].tolist(), lo[look].tolist()))
             keys_hi = sorted({slot[1] for slot in wanted if slot not in found})
             for start in range(0, len(keys_hi), 1000):
                 chunk = keys_hi[start : start + 1000]
@@ -142,22 +179,21 @@ class DuckDBLedger:
                     ).fetchall()
                 except duckdb.CatalogException:  # expired and dropped since the list was read
                     break
-                for o, h, lw, fingerprint, status, body in rows:
-                    if (o, h, lw) in wanted:
-                        found[(o, h, lw)] = StoredAnswer(fingerprint, status, body)
+                for o, h_, lw, fingerprint, status, body in rows:
+                    if (o, h_, lw) in wanted:
+                        found[(o, h_, lw)] = StoredAnswer(fingerprint, status, body)
         return found
 
     def record(
         self,
-        org: np.ndarray,
-        key_hi: np.ndarray,
-        key_lo: np.ndarray,
+        keys: Keys,
         fingerprint: np.ndarray,
         status: np.ndarray,
         body: Sequence[str],
         created_at: float,
     ) -> None:
-        columns = (org, key_hi, key_lo, fingerprint, status, body, np.full(len(body), created_at))
+        stamps = np.full(len(body), created_at)
+        columns = (keys.org, keys.hi, keys.lo, fingerprint, status, body, stamps, keys.seq, keys.n)
         self._staged.answers.append(
             {
                 name: np.asarray(column, dtype=dtype)
@@ -180,7 +216,10 @@ class DuckDBLedger:
             if newest < before and number != self._partitions[-1]:
                 cur.execute(f"DROP TABLE {table}")
                 self._partitions = [n for n in self._partitions if n != number]
+                self._ranges = {n: r for n, r in self._ranges.items() if n != number}
+                self._frozen = KeyRanges().union(*(self._ranges[n] for n in self._partitions[:-1]))
                 self._filters = {n: f for n, f in self._filters.items() if n != number}
+                self._ranges_full.discard(number)
             else:
                 cur.execute(f"DELETE FROM {table} WHERE created_at < ?", [before])
 
@@ -300,7 +339,7 @@ class DuckDBLedger:
             with engine.frame("idem_batch", frame) as (source, params):
                 engine.con.execute(
                     f"INSERT INTO {partition_table(newest)} SELECT org_id, key_hi, key_lo,"
-                    f" fingerprint, status, body, created_at FROM {source}",
+                    f" fingerprint, status, body, created_at, seq, seq_n FROM {source}",
                     params,
                 )
 
@@ -311,20 +350,49 @@ class DuckDBLedger:
                 self._used[slot] += points
         if staged.partition is not None:
             newest, self._newest_keys = staged.partition
+            if newest != self._partitions[-1]:  # the newest before is full: frozen
+                self._frozen = self._frozen.union(
+                    self._ranges.get(self._partitions[-1], KeyRanges())
+                )
+            self._know(newest, staged.answers[0])
             if newest != self._partitions[-1]:
                 self._partitions = [*self._partitions, newest]
-                self._filters = {**self._filters, newest: KeyFilter(PARTITION_KEYS)}
-            frame = staged.answers[0]
-            self._filters[newest].add(*hashes(frame["org_id"], frame["key_hi"], frame["key_lo"]))
         self._staged = _Staged()
 
     def rolled_back(self) -> None:
         self._staged = _Staged()
 
-    def _load_filter(self, number: int) -> KeyFilter:
+    def _know(self, number: int, keys: dict[str, np.ndarray]) -> None:
+        """Add stored keys (columns of the partition) to what their partition is known by:
+        keys ``<prefix>-<n>`` to its ranges while they stay within RANGE_LIMIT, the rest to
+        its filter."""
+        n = keys["seq_n"]
+        ranged = n >= 0
+        if ranged.any() and number not in self._ranges_full:
+            ident = idents(keys["org_id"][ranged], keys["seq"][ranged])
+            ranges = self._ranges.get(number, KeyRanges()).union(KeyRanges.of(ident, n[ranged]))
+            if len(ranges) <= RANGE_LIMIT:
+                self._ranges = {**self._ranges, number: ranges}
+            else:  # not sequences after all (random n, say): a filter holds them better
+                self._ranges_full.add(number)
+                ranged = np.zeros(len(n), dtype=bool)
+        else:
+            ranged = np.zeros(len(n), dtype=bool)
+        if number not in self._ranges:
+            self._ranges = {**self._ranges, number: KeyRanges()}
+        rest = ~ranged
+        if rest.any():
+            key_filter = self._filters.get(number)
+            if key_filter is None:  # a store from before partitions may hold more
+                key_filter = KeyFilter(max(PARTITION_KEYS, len(n)))
+            key_filter.add(
+                *hashes(keys["org_id"][rest], keys["key_hi"][rest], keys["key_lo"][rest])
+            )
+            self._filters = {**self._filters, number: key_filter}
+
+    def _load(self, number: int) -> None:
         keys = self._engine.con.execute(
-            f"SELECT org_id, key_hi, key_lo FROM {partition_table(number)}"
+            "SELECT org_id, key_hi, key_lo, coalesce(seq, 0) AS seq, coalesce(seq_n, -1) AS seq_n"
+            f" FROM {partition_table(number)}"
         ).fetchnumpy()
-        key_filter = KeyFilter(max(PARTITION_KEYS, len(keys["key_hi"])))
-        key_filter.add(*hashes(keys["org_id"], keys["key_hi"], keys["key_lo"]))
-        return key_filter
+        self._know(number, {name: np.asarray(column) for name, column in keys.items()})

@@ -87,9 +87,7 @@ class PgLedger:
 
     def record(
         self,
-        org: np.ndarray,
-        key_hi: np.ndarray,
-        key_lo: np.ndarray,
+        keys: Keys,
         fingerprint: np.ndarray,
         status: np.ndarray,
         body: Sequence[str],
@@ -98,7 +96,7 @@ class PgLedger:
         staged: _Staged = self._engine.staged(self)
         staged.answers.extend(
             zip(
-                org.tolist(), key_hi.tolist(), key_lo.tolist(), fingerprint.tolist(),
+                keys.org.tolist(), keys.hi.tolist(), keys.lo.tolist(), fingerprint.tolist(),
                 status.tolist(), body, [created_at] * len(body), strict=True,
             )
         )  # fmt: skip
