@@ -4,7 +4,8 @@ every 5 s; the server's memory and the write latency, interval by interval.
     .venv/bin/python bench/soak.py [--minutes 30] [--rate 150000] [--interval 300]
 
 ``--rate`` is in points/s (3 keys an event, 512 ranks, 10,000-event batches from 2
-senders, as the uploader sends them); half of what ``bench_write_path.py`` measures as
+senders, as the uploader sends them, each event named as its rank's spool writer names
+it); half of what ``bench_write_path.py`` measures as
 the most this machine takes is the campaign's choice. Each interval prints: the points/s
 achieved, the server's RSS (its decoding process included) at the interval's end, the
 write latency p50/p99, the summary latency p50/p99, and any failed request.
@@ -92,6 +93,8 @@ def soak(
         start = time.monotonic()
         intervals.append(Interval(start))
         counter = iter(range(10**12))
+        # Each rank a spool writer: its events named "<its prefix>-<n>", n counting from 1.
+        writers = [uuid.uuid4().hex for _ in range(WORLD)]
         next_lock = threading.Lock()
 
         def current() -> Interval:
@@ -106,7 +109,7 @@ def soak(
                     if due > time.monotonic():
                         time.sleep(due - time.monotonic())
                     events = [
-                        {"event_id": f"{run_id}-{n}", "request": {"method": "POST", "path": path,
+                        {"event_id": f"{writers[n % WORLD]}-{n // WORLD + 1}", "request": {"method": "POST", "path": path,
                          "body": {"metrics": {"train/loss": 1.0 / (n // WORLD + 1),
                                               "optimizer/grad_norm": 2.5 + (n % 7) * 0.1,
                                               "perf/step_ms": 31.0 + (n % WORLD) * 0.01},
