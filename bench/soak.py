@@ -7,7 +7,8 @@ every 5 s; the server's memory and the write latency, interval by interval.
 senders, as the uploader sends them, each event named as its rank's spool writer names
 it); half of what ``bench_write_path.py`` measures as
 the most this machine takes is the campaign's choice. Each interval prints: the points/s
-achieved, the server's RSS (its decoding process included) at the interval's end, the
+achieved, the server's RSS (its decoding process included) at the interval's end and its
+median and max over the interval (sampled every 5 s), the
 write latency p50/p99, the summary latency p50/p99, and any failed request.
 ``tests/reliability/test_soak.py`` runs a short form.
 """
@@ -60,7 +61,8 @@ class Interval:
     reads: list[float] = field(default_factory=list)  # seconds per summary
     points: int = 0
     failures: int = 0
-    rss: float = 0.0
+    rss: float = 0.0  # at the interval's end
+    rss_seen: list[float] = field(default_factory=list)  # every 5 s, with each summary poll
 
 
 def pct(values: list[float], q: float) -> float:
@@ -85,6 +87,7 @@ def soak(
     with ServerProcess(workdir / "data", env=env) as server:
         assert server.proc is not None
         headers = {"Authorization": f"Bearer {server.admin_key}"}
+        pid = server.proc.pid
         run_id = f"soak-{uuid.uuid4().hex[:8]}"
         httpx.post(f"{server.url}/runs", json={"project": "soak", "id": run_id},
                    headers=headers).raise_for_status()  # fmt: skip
@@ -139,7 +142,9 @@ def soak(
                     answer = http.get(f"/api/runs/{run_id}/distributed",
                                       params={"key": "train/loss"})  # fmt: skip
                     took = time.perf_counter() - began
+                    rss = rss_mb(pid)
                     with lock:
+                        current().rss_seen.append(rss)
                         current().reads.append(took)
                         current().failures += 0 if answer.status_code == 200 else 1
 
@@ -166,7 +171,8 @@ def soak(
 
 def line(iv: Interval, number: int, interval: float) -> str:
     return (
-        f"interval {number:2d}: {iv.points / interval:9,.0f} points/s  RSS {iv.rss:7.0f} MB"
+        f"interval {number:2d}: {iv.points / interval:9,.0f} points/s  RSS {iv.rss:5.0f} MB"
+        f" (median {pct(iv.rss_seen, 0.5):5.0f}, max {pct(iv.rss_seen, 1.0):5.0f})"
         f"  write p50 {pct(iv.writes, 0.5) * 1000:6.0f} ms p99 {pct(iv.writes, 0.99) * 1000:6.0f} ms"
         f"  summary p50 {pct(iv.reads, 0.5) * 1000:5.0f} ms p99 {pct(iv.reads, 0.99) * 1000:5.0f} ms"
         f"  failures {iv.failures}"
@@ -184,10 +190,13 @@ def main() -> int:
     )
     with tempfile.TemporaryDirectory() as tmp:
         intervals = soak(Path(tmp), args.minutes * 60, args.rate, args.interval)
-    warm = intervals[0].rss
-    last = intervals[-1].rss
-    print(f"\nRSS after the first interval {warm:.0f} MB, at the end {last:.0f} MB:"
-          f" {last / warm - 1:+.1%} after warm-up")  # fmt: skip
+    first, last = intervals[0], intervals[-1]
+    print(f"\nRSS after the first interval {first.rss:.0f} MB, at the end {last.rss:.0f} MB:"
+          f" {last.rss / first.rss - 1:+.1%} after warm-up")  # fmt: skip
+    for name, q in (("median", 0.5), ("max", 1.0)):
+        was, now = pct(first.rss_seen, q), pct(last.rss_seen, q)
+        print(f"RSS {name} in the first interval {was:.0f} MB, in the last {now:.0f} MB:"
+              f" {now / was - 1:+.1%}")  # fmt: skip
     print(f"p99 write latency by interval (ms): "
           f"{', '.join(f'{pct(iv.writes, 0.99) * 1000:.0f}' for iv in intervals)}")  # fmt: skip
     print(f"failed requests: {sum(iv.failures for iv in intervals)}")
