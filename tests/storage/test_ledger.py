@@ -241,3 +241,33 @@ def test_keys_of_a_writer_are_found_across_partitions_and_restarts(
     kept = {writer: ns - gone for writer, ns in stored.items()}
     for writer, ns in kept.items():
         assert _ask(again, 1, writer, asked) == ns
+
+
+def test_keys_each_their_own_range_are_found_when_ranges_overflow(
+    open_stores: OpenStores, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Keys such as ``<uuid>-1`` (each its own prefix, so its own range) fill a partition's
+    ranges and then the frozen partitions' merged set: past either limit they are still
+    found (the rest of a partition in its filter, a frozen partition's ranges checked on
+    their own), after a restart too."""
+    from instantml.storage.duckdb import ledger as duckdb_ledger
+
+    monkeypatch.setattr(duckdb_ledger, "PARTITION_KEYS", 10)
+    monkeypatch.setattr(duckdb_ledger, "RANGE_LIMIT", 6)
+    monkeypatch.setattr(duckdb_ledger, "FROZEN_LIMIT", 14)
+    stores = open_stores()
+    stored = []
+    for unit in range(12):  # 4 keys a unit, each of another writer
+        with stores.unit():
+            for i in range(4):
+                stored += _record_forms(stores, 1, 1000 + 4 * unit + i, [1], at=100.0 + unit)
+    asked = [*stored, *((1, w, 2) for _, w, _ in stored), (1, 9999, 1)]
+    keys = Keys.of(asked, [(w, n) for _, w, n in asked])
+    assert set(stores.ledger.lookup(keys)) == set(stored)
+    if hasattr(stores.ledger, "_apart"):
+        assert stores.ledger._apart  # type: ignore[attr-defined]
+        assert len(stores.ledger._frozen) <= 14  # type: ignore[attr-defined]
+        assert stores.ledger._filters  # type: ignore[attr-defined]
+    stores.close()
+    again = open_stores()
+    assert set(again.ledger.lookup(keys)) == set(stored)

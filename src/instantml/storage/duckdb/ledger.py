@@ -44,6 +44,10 @@ CREATE TABLE IF NOT EXISTS usage_log (
 # ranges has no seq columns, its keys all go to the filters).
 PARTITION_KEYS = 2_000_000
 RANGE_LIMIT = 1 << 16
+# The frozen partitions' ranges are merged into one set (one check whatever their number)
+# up to this many ranges; beyond, a partition's are checked on their own (keys such as
+# "<uuid>-1", each its own range, can fill RANGE_LIMIT in every partition).
+FROZEN_LIMIT = 1 << 20
 PARTITION_SCHEMA = """
 CREATE TABLE IF NOT EXISTS {table} (
     org_id INTEGER NOT NULL, key_hi BIGINT NOT NULL, key_lo BIGINT NOT NULL,
@@ -120,7 +124,7 @@ class DuckDBLedger:
         self._ranges_full: set[int] = set()  # its keys beyond RANGE_LIMIT ranges: to the filter
         for number in self._partitions:
             self._load(number)
-        self._frozen = KeyRanges().union(*(self._ranges[n] for n in self._partitions[:-1]))
+        self._frozen, self._apart = self._merged(self._partitions[:-1])
         self._staged = _Staged()
         engine.join(self)
 
@@ -141,19 +145,20 @@ class DuckDBLedger:
     def lookup(self, keys: Keys) -> dict[Slot, StoredAnswer]:
         if not len(keys):
             return {}
-        partitions, ranges, filters = self._partitions, self._ranges, self._filters
+        partitions, ranges, filters, apart = (
+            self._partitions, self._ranges, self._filters, self._apart
+        )  # fmt: skip
         org, hi, lo, n = keys.org, keys.hi, keys.lo, keys.n
         ident = idents(org, keys.seq)
         empty = KeyRanges()
         # Keys ``<prefix>-<n>`` stored anywhere: one check against the frozen partitions'
         # ranges (merged) and one against the newest's; none, for a batch of new keys.
-        maybe = np.flatnonzero(
-            (n >= 0)
-            & (
-                self._frozen.contains(ident, n)
-                | ranges.get(partitions[-1], empty).contains(ident, n)
-            )
+        held = self._frozen.contains(ident, n) | ranges.get(partitions[-1], empty).contains(
+            ident, n
         )
+        for number in apart:
+            held |= ranges.get(number, empty).contains(ident, n)
+        maybe = np.flatnonzero((n >= 0) & held)
         h = hashes(org, hi, lo) if filters else None
         found: dict[Slot, StoredAnswer] = {}
         cur = self._engine.con if self._engine.in_unit else self._engine.cursor()
@@ -217,7 +222,7 @@ class DuckDBLedger:
                 cur.execute(f"DROP TABLE {table}")
                 self._partitions = [n for n in self._partitions if n != number]
                 self._ranges = {n: r for n, r in self._ranges.items() if n != number}
-                self._frozen = KeyRanges().union(*(self._ranges[n] for n in self._partitions[:-1]))
+                self._frozen, self._apart = self._merged(self._partitions[:-1])
                 self._filters = {n: f for n, f in self._filters.items() if n != number}
                 self._ranges_full.discard(number)
             else:
@@ -351,9 +356,11 @@ class DuckDBLedger:
         if staged.partition is not None:
             newest, self._newest_keys = staged.partition
             if newest != self._partitions[-1]:  # the newest before is full: frozen
-                self._frozen = self._frozen.union(
-                    self._ranges.get(self._partitions[-1], KeyRanges())
-                )
+                full = self._ranges.get(self._partitions[-1], KeyRanges())
+                if len(self._frozen) + len(full) <= FROZEN_LIMIT:
+                    self._frozen = self._frozen.union(full)
+                else:
+                    self._apart = (*self._apart, self._partitions[-1])
             self._know(newest, staged.answers[0])
             if newest != self._partitions[-1]:
                 self._partitions = [*self._partitions, newest]
@@ -370,8 +377,11 @@ class DuckDBLedger:
         ranged = n >= 0
         if ranged.any() and number not in self._ranges_full:
             ident = idents(keys["org_id"][ranged], keys["seq"][ranged])
-            ranges = self._ranges.get(number, KeyRanges()).union(KeyRanges.of(ident, n[ranged]))
-            if len(ranges) <= RANGE_LIMIT:
+            try:
+                ranges = self._ranges.get(number, KeyRanges()).union(KeyRanges.of(ident, n[ranged]))
+            except OverflowError:  # more prefixes than one set can hold: far past the limit
+                ranges = None
+            if ranges is not None and len(ranges) <= RANGE_LIMIT:
                 self._ranges = {**self._ranges, number: ranges}
             else:  # not sequences after all (random n, say): a filter holds them better
                 self._ranges_full.add(number)
@@ -389,6 +399,21 @@ class DuckDBLedger:
                 *hashes(keys["org_id"][rest], keys["key_hi"][rest], keys["key_lo"][rest])
             )
             self._filters = {**self._filters, number: key_filter}
+
+    def _merged(self, frozen: list[int]) -> tuple[KeyRanges, tuple[int, ...]]:
+        """The frozen partitions' ranges merged while within FROZEN_LIMIT, and the
+        partitions left apart (checked one by one)."""
+        merged: list[KeyRanges] = []
+        apart: list[int] = []
+        total = 0
+        for number in frozen:
+            ranges = self._ranges.get(number, KeyRanges())
+            if total + len(ranges) <= FROZEN_LIMIT:
+                merged.append(ranges)
+                total += len(ranges)
+            else:
+                apart.append(number)
+        return KeyRanges().union(*merged), tuple(apart)
 
     def _load(self, number: int) -> None:
         keys = self._engine.con.execute(
