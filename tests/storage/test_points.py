@@ -307,3 +307,42 @@ def test_integer_scalar_steps_of_an_earlier_store_are_kept(tmp_path: Path) -> No
             assert stores.points.scalar_points(1) == expected
         finally:
             stores.close()
+
+
+def test_windows_of_the_last_steps_follow_the_run(open_stores: OpenStores) -> None:
+    # The health monitor's reads. The embedded store reads the step rows from the last
+    # look's first step on: steps arriving late, out of order, in the window's gaps or
+    # below it, and windows growing and shrinking must all read as the whole run would.
+    stores = open_stores()
+    writer = Writer(stores)
+    rng = np.random.default_rng(7)
+    written: dict[tuple[int, int], float] = {}
+    plan = [list(range(100, 300, 10))]  # sparse steps: a window spans gaps
+    plan += [[295, 305], [3], [306, 307, 290], list(range(400, 440)), [399, 1], [441]]
+    for steps in plan:
+        batch = []
+        for step in steps:
+            for rank in rng.choice(4, size=int(rng.integers(1, 5)), replace=False).tolist():
+                value = math.nan if rng.random() < 0.1 else float(rng.normal())
+                batch.append(Point(step, rank, value, world_size=4))
+                written[(step, rank)] = value
+        writer.write(batch)
+        distinct = sorted({step for step, _ in written})
+        for n in (3, 8, 3, 40, 8, 1000):
+            first = distinct[-n:][0]
+            inside = sorted(key for key in written if key[0] >= first)
+            got = stores.points.window_points(writer.sid, n)
+            assert list(zip(got["step"].tolist(), got["rank"].tolist(), strict=True)) == inside
+            np.testing.assert_array_equal(got["value"], [written[key] for key in inside])
+            span, medians = stores.points.window_medians(writer.sid, n)
+            assert span == (first, distinct[-1])
+            expected = {}
+            for rank in range(4):
+                finite = [(s, v) for (s, r), v in written.items()
+                          if r == rank and s >= first and math.isfinite(v)]  # fmt: skip
+                if finite:
+                    median = float(np.median([v for _, v in finite]))
+                    expected[rank] = (median, len({s for s, _ in finite}))
+            assert medians.keys() == expected.keys()
+            for rank, (median, count) in expected.items():
+                assert medians[rank][0] == pytest.approx(median) and medians[rank][1] == count

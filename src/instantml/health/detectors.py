@@ -71,13 +71,20 @@ def rank_missing(
     sizes = np.concatenate([w.world_size for w in windows])
     latest = steps.max()
     world = int(sizes[steps == latest].max())
-    reported = np.unique(steps)
-    first_seen = {int(s): float(t) for s, t in zip(steps[::-1], stamps[::-1], strict=True)}
+    reported, first = np.unique(steps, return_index=True)  # each step's first point
+
+    def first_seen(step: int) -> float:
+        at = int(np.searchsorted(reported, step))
+        return float(stamps[first[at]]) if at < len(reported) and reported[at] == step else now
+
     inside = ranks < world
     last = np.full(world, -1, dtype=np.int64)
     np.maximum.at(last, ranks[inside], steps[inside])
     last_ts = np.full(world, -np.inf)
     np.maximum.at(last_ts, ranks[inside], stamps[inside])
+    # The latest report of the other ranks: the top one's, or the runner-up's for the top.
+    top = int(np.argmax(last_ts))
+    runner_up = np.delete(last_ts, top).max() if world > 1 else -np.inf
     found = []
     for rank in range(world):
         seen: int | None = int(last[rank]) if last[rank] >= 0 else known_last.get(rank)
@@ -89,11 +96,9 @@ def rank_missing(
                 f"rank {rank} is missing: {where}; {len(after)} steps reported by other ranks"
                 f" since (from step {since})"
             )
-            found.append(
-                Finding("rank_missing", rank, None, since, first_seen.get(since, now), message)
-            )
+            found.append(Finding("rank_missing", rank, None, since, first_seen(since), message))
             continue
-        others = np.delete(last_ts, rank).max() if world > 1 else -np.inf
+        others = runner_up if rank == top else last_ts[top]
         silent = now - last_ts[rank]
         if last[rank] >= 0 and silent >= th.silent_seconds and now - others < th.silent_seconds:
             since = int(after[0]) if len(after) else int(last[rank]) + 1

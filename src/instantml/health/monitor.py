@@ -165,6 +165,7 @@ class HealthMonitor:
         latest = run.last_step or 0
         since_last = latest - self._last_step.get(ident, latest)
         span = min(MAX_WINDOW, max(MIN_WINDOW, since_last + th.missing_steps + th.burst_window))
+        span = -(-span // MIN_WINDOW) * MIN_WINDOW  # a few sizes: a store keeps each's floor
         points = self._stores.points
         windows = []
         findings: list[Finding] = []

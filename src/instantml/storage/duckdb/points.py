@@ -109,6 +109,7 @@ class DuckDBPoints:
         con.execute(SCHEMA)
         blocks.create(engine)
         self._stale: dict[int, set[int]] = {}
+        self._floors: dict[tuple[int, int], int] = {}  # (series, steps): a window's first
         for sid, step in con.execute("SELECT DISTINCT series_id, step FROM stale_steps").fetchall():
             self._stale.setdefault(sid, set()).add(step)
         # Level-1 blocks behind their points (blocks.py), by series.
@@ -216,10 +217,29 @@ class DuckDBPoints:
     def window_medians(
         self, series_id: int, window: int
     ) -> tuple[tuple[int, int] | None, dict[int, tuple[float, int]]]:
-        return summary.window_medians(self._engine.cursor(), series_id, window)
+        span, medians = summary.window_medians(
+            self._engine.cursor(), series_id, window, self._floors.get((series_id, window))
+        )
+        self._remember_floor(series_id, window, None if span is None else span[0])
+        return span, medians
 
     def window_points(self, series_id: int, steps: int) -> dict[str, np.ndarray]:
-        return summary.window_points(self._engine.cursor(), series_id, steps)
+        columns = summary.window_points(
+            self._engine.cursor(), series_id, steps, self._floors.get((series_id, steps))
+        )
+        first = int(columns["step"][0]) if len(columns["step"]) else None
+        self._remember_floor(series_id, steps, first)
+        return columns
+
+    def _remember_floor(self, series_id: int, steps: int, first: int | None) -> None:
+        """The first of a series' last ``steps`` steps, as the next look's guess: a window's
+        first step only rises as steps arrive, so the next look reads the step rows from
+        there, not the whole run's."""
+        if first is None:
+            return
+        if len(self._floors) >= 65_536:  # many series looked at: start again
+            self._floors.clear()
+        self._floors[(series_id, steps)] = first
 
     # ---- the unit ----
 

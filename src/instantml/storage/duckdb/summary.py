@@ -271,49 +271,58 @@ def _floats(column: np.ndarray) -> np.ndarray:
     return np.ma.filled(np.ma.asarray(column).astype(np.float64), np.nan)
 
 
+def last_steps(
+    cur: duckdb.DuckDBPyConnection, series_id: int, steps: int, floor: int | None = None
+) -> tuple[int, int, int] | None:
+    """The (count, first, last) of the series' last ``steps`` distinct steps (None when it
+    has none), found from the step rows (every step is in ``step_stats`` or stale), not
+    from a scan of the points. ``floor``: a guess of the first, so that only the steps from
+    it on are read; when fewer than ``steps`` are, the guess was too high (or the series
+    has fewer steps) and every step is read. Any guess gives the same answer: if ``steps``
+    steps lie at or above it, the last ``steps`` all do."""
+    query = (
+        "SELECT count(*), min(step), max(step) FROM (SELECT step FROM step_stats"
+        " WHERE series_id = $sid AND step >= $floor UNION SELECT step FROM stale_steps"
+        " WHERE series_id = $sid AND step >= $floor ORDER BY step DESC LIMIT $steps)"
+    )
+    lowest = np.iinfo(np.int64).min
+    params = {"sid": series_id, "steps": steps, "floor": lowest if floor is None else floor}
+    count, first, last = cur.execute(query, params).fetchall()[0]
+    if count < steps and floor is not None and floor > lowest:
+        count, first, last = cur.execute(query, {**params, "floor": lowest}).fetchall()[0]
+    return (int(count), int(first), int(last)) if count else None
+
+
 def window_medians(
-    cur: duckdb.DuckDBPyConnection, series_id: int, window: int
+    cur: duckdb.DuckDBPyConnection, series_id: int, window: int, floor: int | None = None
 ) -> tuple[tuple[int, int] | None, dict[int, tuple[float, int]]]:
-    """Per rank, the median of its finite values over the series' last ``window`` steps.
-    The steps come from the step rows (every step is in ``step_stats`` or stale), not
-    from a scan of the points."""
-    rows = cur.execute(
-        "SELECT min(step), max(step) FROM (SELECT step FROM step_stats WHERE series_id = $sid"
-        " UNION SELECT step FROM stale_steps WHERE series_id = $sid"
-        " ORDER BY step DESC LIMIT $window)",
-        {"sid": series_id, "window": window},
-    ).fetchall()
-    first, last = rows[0]
-    if first is None:
+    """Per rank, the median of its finite values over the series' last ``window`` steps
+    (``floor``: as in ``last_steps``)."""
+    found = last_steps(cur, series_id, window, floor)
+    if found is None:
         return None, {}
+    _, first, last = found
     medians = cur.execute(
         "SELECT rank, median(value), count(DISTINCT step) FROM rank_points"
         " WHERE series_id = $sid AND step BETWEEN $first AND $last AND isfinite(value)"
         " GROUP BY rank",
         {"sid": series_id, "first": first, "last": last},
     ).fetchall()
-    return (int(first), int(last)), {int(r): (float(m), int(n)) for r, m, n in medians}
+    return (first, last), {int(r): (float(m), int(n)) for r, m, n in medians}
 
 
 def window_points(
-    cur: duckdb.DuckDBPyConnection, series_id: int, steps: int
+    cur: duckdb.DuckDBPyConnection, series_id: int, steps: int, floor: int | None = None
 ) -> dict[str, np.ndarray]:
-    """The points of the series' last ``steps`` steps (found from the step rows)."""
+    """The points of the series' last ``steps`` steps (``floor``: as in ``last_steps``)."""
+    found = last_steps(cur, series_id, steps, floor)
+    first = np.iinfo(np.int64).max if found is None else found[1]
     rows = cur.execute(
-        "SELECT min(step) FROM (SELECT step FROM step_stats WHERE series_id = $sid"
-        " UNION SELECT step FROM stale_steps WHERE series_id = $sid"
-        " ORDER BY step DESC LIMIT $steps)",
-        {"sid": series_id, "steps": steps},
-    ).fetchall()
-    first = rows[0][0]
-    if first is None:
-        first = np.iinfo(np.int64).max
-    found = cur.execute(
         "SELECT step, rank, value, weight, world_size, ts FROM rank_points"
         " WHERE series_id = $sid AND step >= $first ORDER BY step, rank",
         {"sid": series_id, "first": first},
     ).fetchnumpy()
-    return {name: np.asarray(found[name]) for name in WINDOW_COLUMNS}
+    return {name: np.asarray(rows[name]) for name in WINDOW_COLUMNS}
 
 
 WINDOW_COLUMNS = ("step", "rank", "value", "weight", "world_size", "ts")
