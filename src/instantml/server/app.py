@@ -21,6 +21,7 @@ from . import errors, schemas, unsupported
 from .auth import KeyRing
 from .batch_decoder import BatchDecoder, default_processes
 from .guardrail import UsagePolicy
+from .memory import HeapTrimmer
 from .ratelimit import RateLimiter
 from .responses import JSONResponse
 from .routes import admin, health, ingest, metrics, runs, summary
@@ -45,6 +46,7 @@ def create_app(settings: ServerSettings, stores: Stores | None = None) -> FastAP
         deliverer = Deliverer(opened.health)
         monitor = HealthMonitor(opened, settings.health, on_opened=deliverer.wake)
         service.on_points = monitor.touched
+        trimmer = HeapTrimmer()
         app.state.services = Services(
             decoder=decoder,
             monitor=monitor,
@@ -68,6 +70,7 @@ def create_app(settings: ServerSettings, stores: Stores | None = None) -> FastAP
             writer.close()
             monitor.close()
             deliverer.close()
+            trimmer.close()
             if stores is None:
                 opened.close()
 
