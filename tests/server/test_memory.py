@@ -16,7 +16,7 @@ PROGRAM = textwrap.dedent(
     """
     import time
     import numpy as np
-    from instantml.server.memory import HeapTrimmer, _malloc_trim
+    from instantml.server.memory import HeapTrimmer
 
     def rss():
         for line in open("/proc/self/status"):
@@ -48,6 +48,4 @@ def test_freed_heap_memory_is_given_back() -> None:
 def test_the_trimmer_stops_when_closed() -> None:
     trimmer = HeapTrimmer(seconds=0.01)
     trimmer.close()
-    count = trimmer.trims
     assert trimmer._thread is None or not trimmer._thread.is_alive()
-    assert trimmer.trims == count

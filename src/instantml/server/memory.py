@@ -3,8 +3,9 @@
 Ingest and the summaries allocate and free numpy buffers of a few hundred KB to tens of MB
 from several threads. glibc's malloc keeps what is freed in its arenas (its mmap threshold
 rises to the largest buffer freed, so such buffers stop being mapped and unmapped), and
-what it keeps stays resident: measured in the 30-minute soak, the server's C heap held
-60-280 MB free while 45-120 MB was in use, the free part growing with the run.
+what it keeps stays resident: measured in soak runs of 12-14 minutes (docs/reliability.md),
+the server's C heap held 60-275 MB free while 45-120 MB was in use, the free part growing
+with the run.
 ``malloc_trim(0)`` returns every whole free page (the arenas' insides too, since glibc
 2.8); a few ms each time, off the write path. Elsewhere (musl, macOS) this does nothing.
 """
@@ -44,10 +45,6 @@ class HeapTrimmer:
         if self._trim is not None:
             self._thread = threading.Thread(target=self._run, name="instantml-trim", daemon=True)
             self._thread.start()
-
-    @property
-    def active(self) -> bool:
-        return self._thread is not None
 
     def _run(self) -> None:
         assert self._trim is not None
