@@ -125,7 +125,27 @@ class Pieces:
         self.steps: list[int] = []
         self.step_group: list[int] = []
 
-    def add(self, group: int, present: np.ndarray) -> None:
+    def add(self, group: int, present: np.ndarray, stale: np.ndarray | None = None) -> None:
+        """The present steps of one group. Steps in a ``stale`` level-1 block (sorted
+        starts: a block behind its points, or one left unbuilt while it was incomplete)
+        are read as points; the steps between such blocks are covered apart, so no block
+        used overlaps one."""
+        if stale is not None and len(stale):
+            level_one = present // BASE * BASE
+            marked = np.isin(level_one, stale)
+            if marked.any():
+                self.steps += present[marked].tolist()
+                self.step_group += [group] * int(marked.sum())
+                kept = present[~marked]
+                parts = np.searchsorted(stale, kept, side="right")
+                cuts = np.flatnonzero(parts[1:] != parts[:-1]) + 1
+                for part in np.split(kept, cuts):
+                    if len(part):
+                        self._add(group, part)
+                return
+        self._add(group, present)
+
+    def _add(self, group: int, present: np.ndarray) -> None:
         lo, hi = int(present[0]), int(present[-1])
         if (hi - lo + 1) // BASE**LEVELS > len(present):
             # So sparse that its points are fewer than its blocks would be: the points.
@@ -154,20 +174,21 @@ class Pieces:
         }
 
 
-def buckets(steps: np.ndarray, first: int, size: int) -> Pieces:
-    """The heatmap's buckets of these present steps as pieces, grouped by bucket number."""
+def buckets(steps: np.ndarray, first: int, size: int, stale: np.ndarray | None = None) -> Pieces:
+    """The heatmap's buckets of these present steps as pieces, grouped by bucket number
+    (``stale``: see :meth:`Pieces.add`)."""
     keys = (steps - first) // size
     starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
     ends = np.r_[starts[1:], len(steps)] - 1
     pieces = Pieces()
     for bucket, lo, hi in zip(keys[starts].tolist(), starts.tolist(), ends.tolist()):
-        pieces.add(bucket, steps[lo : hi + 1])
+        pieces.add(bucket, steps[lo : hi + 1], stale)
     return pieces
 
 
-def whole(steps: np.ndarray) -> Pieces:
+def whole(steps: np.ndarray, stale: np.ndarray | None = None) -> Pieces:
     pieces = Pieces()
-    pieces.add(0, steps)
+    pieces.add(0, steps, stale)
     return pieces
 
 

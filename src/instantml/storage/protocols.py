@@ -200,7 +200,9 @@ class PointStore(Protocol):
         ...
 
     def needs_refresh(self, series_id: int) -> bool:
-        """Whether the series' aggregates are behind its points."""
+        """Whether a summary should have the writer bring the series' aggregates up to
+        date first: they are behind its points in a way the read does not make up for
+        itself (a store may read a few stale blocks' points instead)."""
         ...
 
     def refresh(self, series_id: int) -> None:

@@ -5,7 +5,10 @@ Blocks are derived data: a write marks the level-1 blocks of the steps it touche
 (``stale_blocks``, in the same unit as the points), and ``recompute`` rebuilds those and
 their ancestors from the points' current scores (after stale steps are recomputed), in
 the background or before a read. Rewrites, late points and replays go the same way, so
-every level stays exact.
+every level stays exact. A block is built only once its series has a step past its end
+(until then no cover uses it), and a summary reads the points of the level-1 blocks still
+stale in its snapshot instead of their blocks, so it never waits on this work and never
+reads a block behind its points.
 """
 
 from __future__ import annotations
@@ -78,15 +81,29 @@ def create(engine: Engine) -> None:
         )
 
 
-def recompute(engine: Engine, stale: dict[int, list[int]]) -> None:
+def recompute(engine: Engine, stale: dict[int, list[int]], last: dict[int, int]) -> None:
     """Rebuild these level-1 blocks (by series) from their points, and their ancestors
-    from their children: two statements per level, whatever the number of series."""
+    from their children: two statements per level, whatever the number of series.
+
+    A block that ends after its series' ``last`` step is left unbuilt: a summary's cover
+    never uses it (it uses only blocks that end within the steps present), and the write
+    that takes the series past it marks stale the level-1 block that held the series'
+    newest step (``DuckDBPoints._mark_blocks``), whose ancestors it is among, so it is
+    built once, complete, instead of rewritten at every level after every write."""
     con = engine.con
     sids = np.concatenate([np.full(len(s), sid, dtype=np.int32) for sid, s in stale.items()])
     level_one = np.concatenate([np.asarray(s, dtype=np.int64) for s in stale.values()])
+    newest = np.array([last.get(int(sid), -1) for sid in stale], dtype=np.int64)
+    ends = np.repeat(newest, [len(s) for s in stale.values()])
     for level in range(1, LEVELS + 1):
         size = BASE**level
-        pairs = np.unique(np.stack([sids.astype(np.int64), level_one // size * size]), axis=1)
+        complete = level_one // size * size + size - 1 <= ends
+        if not complete.any():
+            break  # a block's ancestors end no sooner than it does
+        pairs = np.unique(
+            np.stack([sids[complete].astype(np.int64), level_one[complete] // size * size]),
+            axis=1,
+        )
         frame = {"series_id": pairs[0].astype(np.int32), "start": pairs[1]}
         span = [int(pairs[0].min()), int(pairs[0].max()), int(pairs[1].min()), int(pairs[1].max())]
         with engine.frame("rebuilt", frame) as (source, params):

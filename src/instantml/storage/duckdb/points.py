@@ -62,6 +62,7 @@ WHERE NOT EXISTS (SELECT 1 FROM step_stats) AND NOT EXISTS (SELECT 1 FROM stale_
 
 REFRESH_CHUNK = 4096  # stale steps recomputed per unit of background work
 BLOCK_CHUNK = 4096  # stale level-1 blocks rebuilt per unit of background work
+READ_STALE_BLOCKS = 256  # a summary reads up to this many stale level-1 blocks' points
 FRESH_MIN_POINTS = 64  # a unit writing fewer points of a series leaves its new steps stale
 _POINT_NAMES = ("series_id", "step", "rank", "world_size", "local_rank", "value", "weight", "ts")
 
@@ -167,7 +168,10 @@ class DuckDBPoints:
         return steps + sum(len(s) for s in self._dirty.values())
 
     def needs_refresh(self, series_id: int) -> bool:
-        return bool(self._stale.get(series_id)) or bool(self._dirty.get(series_id))
+        # A summary reads the points of stale blocks itself (summary.py); past a few it
+        # costs less to have the writer rebuild them first.
+        dirty = self._dirty.get(series_id, ())
+        return bool(self._stale.get(series_id)) or len(dirty) > READ_STALE_BLOCKS
 
     # ---- reads ----
 
@@ -271,7 +275,9 @@ class DuckDBPoints:
             dirty[sid] = dirty.get(sid, set()) | set(chunk)
         dirty = {sid: starts for sid, starts in dirty.items() if starts}
         if dirty:
-            blocks.recompute(self._engine, {sid: sorted(s) for sid, s in dirty.items()})
+            last = {sid: max(self._last_step.get(sid, -1), staged.last_step.get(sid, -1))
+                    for sid in dirty}  # fmt: skip
+            blocks.recompute(self._engine, {sid: sorted(s) for sid, s in dirty.items()}, last)
             staged.rebuilt.update(dirty)
 
     def committed(self) -> None:
@@ -365,11 +371,18 @@ class DuckDBPoints:
             )
 
     def _mark_blocks(self, frame: dict[str, np.ndarray], staged: _Staged) -> None:
-        """Mark stale the level-1 blocks these points are in (those not stale already)."""
+        """Mark stale the level-1 blocks these points are in (those not stale already),
+        and the one that held the series' newest step when these points take it past that
+        block's end: the blocks left unbuilt while incomplete are among its ancestors
+        (``blocks.recompute``)."""
         sids, steps = frame["series_id"], frame["step"]
         new: dict[int, set[int]] = {}
         for sid in np.unique(sids).tolist():
-            starts = set(block_math.level_one(steps[sids == sid]).tolist())
+            mine = steps[sids == sid]
+            starts = set(block_math.level_one(mine).tolist())
+            before = self._last_step.get(sid, -1)
+            if before >= 0 and int(mine.max()) // block_math.BASE > before // block_math.BASE:
+                starts.add(before // block_math.BASE * block_math.BASE)
             starts -= self._dirty.get(sid, set()) | staged.dirty.get(sid, set())
             if starts:
                 new[sid] = starts

@@ -114,9 +114,17 @@ def _from_blocks(
     """Heatmap cells and the rollup as sums of block rows. Each heatmap bucket is covered
     by a few aligned blocks per level plus at most a few single steps at its edges; the
     rollup, by the same cover of the whole range. The rows read grow with the buckets, the
-    ranks and the levels, not with the points."""
+    ranks and the levels, not with the points.
+
+    The level-1 blocks still stale in this snapshot (written since the last rebuild) are
+    read as points, so the answer holds every committed point without waiting for the
+    writer to rebuild them."""
     steps = found.stats["step"]
-    pieces = block_math.buckets(steps, first, found.heat_size)
+    stale = cur.execute(
+        "SELECT DISTINCT start FROM stale_blocks WHERE series_id = $sid ORDER BY start",
+        {"sid": series_id},
+    ).fetchnumpy()["start"]
+    pieces = block_math.buckets(steps, first, found.heat_size, stale)
     points = int(found.stats["n"].sum() + found.stats["nonfinite"].sum())
     cover = (len(pieces.starts) + len(pieces.steps)) * max(found.world_size, 1)
     if points <= SCAN_RATIO * cover:
@@ -125,7 +133,7 @@ def _from_blocks(
         found.cells = _cells_scanned(cur, series_id, steps, first, found.heat_size)
     else:
         found.cells = _cells_from_blocks(cur, series_id, pieces, found)
-    found.rollup = _read_rollup(cur, series_id, block_math.whole(steps))
+    found.rollup = _read_rollup(cur, series_id, block_math.whole(steps, stale))
 
 
 SCAN_RATIO = 2  # read a range's points for its cells when they are at most 2x the cover's rows
