@@ -142,27 +142,34 @@ SCAN_RATIO = 2  # read a range's points for its cells when they are at most 2x t
 def _cells_from_blocks(
     cur: duckdb.DuckDBPyConnection, series_id: int, pieces: block_math.Pieces, found: SummaryRows
 ) -> dict[str, np.ndarray]:
+    """The cells summed per (bucket, rank) in DuckDB, from the block rows and the single
+    steps' points apart: ~1M rows of a long range's cover come back as one row per cell.
+    (Summed in numpy instead, the reader held the GIL for each of them: under sustained
+    writes, with the writer and the health monitor wanting it too, that part took several
+    times its idle cost.)"""
     # Marks are read only where the range has some (most runs have none).
     marked = bool(found.stats["nonfinite"].any())
     cur.register("pieces", pieces.blocks())
     try:
         cells = cur.execute(
-            f"SELECT p.b, r.rank, r.n, r.total{', r.marks' if marked else ''} FROM rank_blocks r"
+            "SELECT p.b, r.rank, sum(r.n)::BIGINT AS n, sum(r.total) AS total"
+            f"{', sum(r.marks)::BIGINT AS marks' if marked else ''} FROM rank_blocks r"
             " JOIN pieces p ON p.level = r.level AND p.start = r.start"
-            " WHERE r.series_id = $sid AND r.start IN (SELECT start FROM pieces)",
+            " WHERE r.series_id = $sid AND r.start IN (SELECT start FROM pieces)"
+            " GROUP BY p.b, r.rank",
             {"sid": series_id},
         ).fetchnumpy()
     finally:
         cur.unregister("pieces")
     if not marked:
         cells["marks"] = np.zeros(len(cells["rank"]), dtype=np.int64)
-    points, bucket = _singles(cur, series_id, pieces.singles())
+    points = _singles(cur, series_id, pieces.singles())
     return block_math.cells(
         {
-            name: np.concatenate([cells[name], points[name]])
+            name: np.concatenate([np.asarray(cells[name]), points[name]])
             for name in ("rank", "n", "total", "marks")
         },
-        np.concatenate([cells["b"], bucket]),
+        np.concatenate([np.asarray(cells["b"]), points["b"]]),
     )
 
 
@@ -193,26 +200,27 @@ def _cell_rows(rank: np.ndarray, value: np.ndarray) -> dict[str, np.ndarray]:
 
 def _singles(
     cur: duckdb.DuckDBPyConnection, series_id: int, singles: dict[str, np.ndarray]
-) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """The points of these single steps as cell rows (``rank, n, total, marks``), and each
-    one's bucket. Three narrow columns read within the steps' span (zone maps skip the
-    rest), the arithmetic in numpy."""
+) -> dict[str, np.ndarray]:
+    """The points of these single steps summed per (bucket, rank) as cell rows (``b,
+    rank, n, total, marks``). Read within the steps' span (zone maps skip the rest)."""
     listed = singles["step"]
     if not len(listed):
         empty = np.empty(0, dtype=np.int64)
-        return {"rank": empty, "n": empty, "total": np.empty(0), "marks": empty}, empty
+        return {"b": empty, "rank": empty, "n": empty, "total": np.empty(0), "marks": empty}
     cur.register("singles", singles)
     try:
         found = cur.execute(
-            "SELECT step, rank, value FROM rank_points WHERE series_id = $sid"
-            " AND step BETWEEN $lo AND $hi AND step IN (SELECT step FROM singles)",
+            "SELECT e.b, r.rank, count(*) FILTER (WHERE isfinite(r.value)) AS n,"
+            " coalesce(sum(r.value) FILTER (WHERE isfinite(r.value)), 0) AS total,"
+            " count(*) FILTER (WHERE NOT isfinite(r.value)) AS marks"
+            " FROM rank_points r JOIN singles e ON e.step = r.step"
+            " WHERE r.series_id = $sid AND r.step BETWEEN $lo AND $hi"
+            " AND r.step IN (SELECT step FROM singles) GROUP BY e.b, r.rank",
             {"sid": series_id, "lo": int(listed.min()), "hi": int(listed.max())},
         ).fetchnumpy()
     finally:
         cur.unregister("singles")
-    order = np.argsort(listed)
-    bucket = singles["b"][order][np.searchsorted(listed[order], found["step"])]
-    return _cell_rows(found["rank"], found["value"]), bucket.astype(np.int64)
+    return {name: np.asarray(column) for name, column in found.items()}
 
 
 def _read(
