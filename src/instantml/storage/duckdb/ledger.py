@@ -356,11 +356,9 @@ class DuckDBLedger:
         if staged.partition is not None:
             newest, self._newest_keys = staged.partition
             if newest != self._partitions[-1]:  # the newest before is full: frozen
-                full = self._ranges.get(self._partitions[-1], KeyRanges())
-                if len(self._frozen) + len(full) <= FROZEN_LIMIT:
-                    self._frozen = self._frozen.union(full)
-                else:
-                    self._apart = (*self._apart, self._partitions[-1])
+                self._frozen, self._apart = self._merged(
+                    [self._partitions[-1]], self._frozen, self._apart
+                )
             self._know(newest, staged.answers[0])
             if newest != self._partitions[-1]:
                 self._partitions = [*self._partitions, newest]
@@ -400,20 +398,23 @@ class DuckDBLedger:
             )
             self._filters = {**self._filters, number: key_filter}
 
-    def _merged(self, frozen: list[int]) -> tuple[KeyRanges, tuple[int, ...]]:
-        """The frozen partitions' ranges merged while within FROZEN_LIMIT, and the
-        partitions left apart (checked one by one)."""
-        merged: list[KeyRanges] = []
-        apart: list[int] = []
-        total = 0
+    def _merged(
+        self, frozen: list[int], into: KeyRanges | None = None, apart: tuple[int, ...] = ()
+    ) -> tuple[KeyRanges, tuple[int, ...]]:
+        """These frozen partitions' ranges merged into ``into`` (the set merged so far)
+        while within FROZEN_LIMIT, and ``apart`` with the partitions left apart (checked
+        one by one): at start, after a prune, and when a partition fills."""
+        merged = [into or KeyRanges()]
+        total = len(merged[0])
+        left = list(apart)
         for number in frozen:
             ranges = self._ranges.get(number, KeyRanges())
             if total + len(ranges) <= FROZEN_LIMIT:
                 merged.append(ranges)
                 total += len(ranges)
             else:
-                apart.append(number)
-        return KeyRanges().union(*merged), tuple(apart)
+                left.append(number)
+        return KeyRanges().union(*merged), tuple(left)
 
     def _load(self, number: int) -> None:
         keys = self._engine.con.execute(
