@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from instantml.server.responses import JSONResponse
 from instantml.storage import open_stores as _open_stores
+from instantml.storage.duckdb import points as points_module
 from instantml.storage.duckdb import summary as duckdb_summary
 from instantml.storage.protocols import Stores
 from instantml.storage.records import RANK, RANK_COLUMNS, ScalarPoint
@@ -309,6 +310,79 @@ def test_summaries_over_any_range_equal_the_reference(
         check()
     finally:
         duckdb_summary.SCAN_RATIO = default_ratio
+
+
+@st.composite
+def split_stream(draw: st.DrawFn) -> list[list[Point]]:
+    """A run's points in step order (ranks missing here and there, some values marks),
+    cut into batches wherever the cuts fall, as an uploader's fixed-size batches split
+    steps (all of 64 points or more, or any size); a batch may begin by sending again, with
+    new values, some points the one before ended with (rewrites across the cut)."""
+    world = draw(st.sampled_from([8, 24, 100]))
+    values = st.sampled_from([0.5, 1.0, 2.0, 9.0, -1.0, 40.0, math.nan])
+    stream = [
+        Point(step, rank, draw(values), draw(st.sampled_from([1.0, 3.0])), None, world)
+        for step in range(draw(st.integers(2, 12)))
+        for rank in range(world)
+        if draw(st.integers(0, 9))  # else this rank skipped this step
+    ]
+    smallest = draw(st.sampled_from([1, 64]))
+    batches: list[list[Point]] = []
+    at = 0
+    while at < len(stream):
+        size = draw(st.integers(smallest, 400))
+        if len(stream) - (at + size) < smallest:
+            size = len(stream) - at  # the rest, not a batch below the smallest
+        batch = stream[at : at + size]
+        if batches and draw(st.booleans()):
+            again = draw(st.integers(1, 5))
+            batch = [
+                Point(p.step, p.rank, draw(values), p.weight, None, world)
+                for p in batches[-1][-again:]
+            ] + batch
+        batches.append(batch)
+        at += size
+    return batches
+
+
+def test_a_step_split_across_batches_is_scored_whole(open_stores: OpenStores, backend: str) -> None:
+    # A batch that ends inside a step leaves it open; the batch with the step's other ranks
+    # scores it again whole (the embedded store keeps the open step's points in memory, and
+    # without them, or past its cap, marks the step stale): every summary in between holds
+    # exactly the points written. On the embedded store a stream of batches of 64 points
+    # or more leaves a step stale only when a batch rewrites a step before the newest, or
+    # the newest once all its ranks are in.
+    @examples(backend, 40)
+    @given(batches=split_stream(), tail_points=st.sampled_from([0, 150, 1 << 18]))
+    def check(batches: list[list[Point]], tail_points: int) -> None:
+        points_module.TAIL_POINTS = tail_points
+        stores = open_stores()
+        writer = Writer(stores, f"r{np.random.default_rng().integers(1 << 60)}")
+        params = {"max_points": 500, "heatmap_steps": 200, "outlier_limit": 10_000}
+        exact = (
+            isinstance(stores.points, points_module.DuckDBPoints)
+            and tail_points == 1 << 18
+            and all(len(b) >= points_module.FRESH_MIN_POINTS for b in batches)
+        )
+        writes: list[Point] = []
+        ranks_at: dict[int, set[int]] = {}
+        for batch in batches:
+            newest = max(ranks_at, default=-1)
+            whole = newest >= 0 and len(ranks_at[newest]) >= batch[0].world_size
+            stale = any(p.step < newest or (p.step == newest and whole) for p in batch)
+            writer.write(batch)
+            writes += batch
+            for p in batch:
+                ranks_at.setdefault(p.step, set()).add(p.rank)
+            if exact:
+                assert stores.points.needs_refresh(writer.sid) == stale
+            assert_matches(writer.summary("upkeep", **params), reference(writes, **params), 40.0)
+
+    kept = points_module.TAIL_POINTS
+    try:
+        check()
+    finally:
+        points_module.TAIL_POINTS = kept
 
 
 def test_integer_scalar_steps_of_an_earlier_store_are_kept(tmp_path: Path) -> None:

@@ -11,6 +11,14 @@ has, gets its reducers and each point's scores computed while staging; any other
 (single requests among them) marks its (series, step) stale, and stale steps are recomputed (``refresh``, ``maintain``) from
 all their points. Both use :func:`instantml.summary.step_stats.step_stats`, the one
 implementation of the definitions.
+
+A batch that ends inside a step (an uploader's batch of N events splits a step's ranks
+wherever N falls) leaves that step open: the store keeps its points in memory (the
+series' *tail*), and the next batch that brings more of the step scores it again whole,
+from the tail and its own points, in its own unit: the step's row and outlier rows are
+replaced and the tail's rows written again with their new scores. No step goes stale for
+it, so no background recompute, and no summary waits for one. Without a tail (after a
+restart, past ``TAIL_POINTS``, after a single request) such a step goes stale as before.
 """
 
 from __future__ import annotations
@@ -64,7 +72,9 @@ REFRESH_CHUNK = 4096  # stale steps recomputed per unit of background work
 BLOCK_CHUNK = 4096  # stale level-1 blocks rebuilt per unit of background work
 READ_STALE_BLOCKS = 256  # a summary reads up to this many stale level-1 blocks' points
 FRESH_MIN_POINTS = 64  # a unit writing fewer points of a series leaves its new steps stale
+TAIL_POINTS = 1 << 18  # points of open steps kept in memory (the oldest tails dropped past it)
 _POINT_NAMES = ("series_id", "step", "rank", "world_size", "local_rank", "value", "weight", "ts")
+_TAIL_NAMES = _POINT_NAMES[1:]
 
 
 def _float_scalar_steps(con: Any) -> None:
@@ -93,6 +103,9 @@ class _Staged:
         self.refresh: set[int] = set()
         self.maintain: tuple[int, list[int]] | None = None
         self.maintain_blocks: dict[int, list[int]] | None = None
+        # Each staged series' open step's points after this unit (None: it has none).
+        self.tails: dict[int, dict[str, np.ndarray] | None] = {}
+        self.rescored: list[tuple[int, int]] = []  # (series, step) scored again whole
         # Filled by flush, for committed():
         self.frames: list[dict[str, np.ndarray]] = []
         self.last_step: dict[int, int] = {}
@@ -128,6 +141,10 @@ class DuckDBPoints:
             self._rank_last, newest["series_id"], newest["rank"], newest["step"]
         )
         self._last_step = {sid: int(steps.max()) for sid, steps in self._rank_last.items()}
+        # Each series' open step, by its points (``_TAIL_NAMES``): its newest step when that
+        # was scored whole in the last unit that wrote the series and has fewer points than
+        # its world size.
+        self._tails: dict[int, dict[str, np.ndarray]] = {}
         self._staged = _Staged()
         engine.join(self)
 
@@ -304,6 +321,13 @@ class DuckDBPoints:
                 self._dirty[sid] = left
             else:
                 self._dirty.pop(sid, None)
+        for sid, tail in staged.tails.items():
+            self._tails.pop(sid, None)  # a kept tail moves to the end: the newest
+            if tail is not None:
+                self._tails[sid] = tail
+        held = sum(len(t["step"]) for t in self._tails.values())
+        while held > TAIL_POINTS:
+            held -= len(self._tails.pop(next(iter(self._tails)))["step"])
         self._staged = _Staged()
 
     def rolled_back(self) -> None:
@@ -319,6 +343,8 @@ class DuckDBPoints:
             frames.append(self._stage(sid, points, stats, rewrites, staged))
         if rewrites:
             self._delete(rewrites)
+        if staged.rescored:
+            self._unscore(staged.rescored)
         frame = {name: np.concatenate([f[name] for f in frames]) for name in frames[0]}
         staged.frames = [frame]
         with engine.frame("rank_batch", frame) as (source, params):
@@ -413,13 +439,25 @@ class DuckDBPoints:
         """One series' points, ready to insert: steps newer than any the series has get
         their reducers and scores now (from these points, the latest write of each rank);
         older steps are marked stale. Points that may exist already are noted to delete."""
-        steps, ranks = points["step"], points["rank"]
         last = self._last_step.get(sid, -1)
+        batch = len(points["step"]) >= FRESH_MIN_POINTS
+        tail = self._tails.get(sid) if batch else None
+        if tail is not None and int(tail["step"][0]) == last and (points["step"] == last).any():
+            # More of the open step: its other ranks' stored points join these, to be
+            # scored again whole and written again (their old rows deleted as rewrites).
+            again = points["step"] == last
+            others = ~np.isin(tail["rank"], points["rank"][again])
+            points = {
+                name: np.concatenate([points[name], tail[name][others]]) for name in _TAIL_NAMES
+            }
+            staged.rescored.append((sid, last))
+            last -= 1  # the open step is new to this unit's scoring
+        steps, ranks = points["step"], points["rank"]
         # Scoring now pays off for a batch, which holds whole steps. A few points (single
         # requests: one rank of a step each) would be scored again when the step's other
         # ranks arrive: they go stale, for the idle-time refresh (1.8 ms of a 6.4 ms write
         # otherwise, measured).
-        fresh = steps > last if len(steps) >= FRESH_MIN_POINTS else np.zeros(len(steps), bool)
+        fresh = steps > last if batch else np.zeros(len(steps), bool)
         scores = np.full((3, len(steps)), np.nan)
         if fresh.any():
             step_rows, delta, z, robust = step_stats(
@@ -431,7 +469,9 @@ class DuckDBPoints:
             stats.append(step_rows)
         if not fresh.all():
             staged.stale.setdefault(sid, set()).update(np.unique(steps[~fresh]).tolist())
-        staged.last_step[sid] = max(last, int(steps.max()))
+        top = max(self._last_step.get(sid, -1), int(steps.max()))
+        staged.last_step[sid] = top
+        staged.tails[sid] = _open_step(points, fresh, top)
         known = self._rank_last.get(sid)
         if known is not None:  # the series has points: any of these may rewrite one
             wide = ranks.astype(np.int64)
@@ -443,6 +483,22 @@ class DuckDBPoints:
         out["series_id"] = np.full(len(steps), sid, dtype=np.int32)
         out["delta"], out["z"], out["robust_z"] = scores
         return out
+
+    def _unscore(self, steps: list[tuple[int, int]]) -> None:
+        """Delete the step rows and outlier rows of these (series, step)s, scored again."""
+        frame: dict[str, np.ndarray] = {
+            "series_id": np.array([sid for sid, _ in steps], dtype=np.int32),
+            "step": np.array([step for _, step in steps], dtype=np.int64),
+        }
+        low, high = int(frame["step"].min()), int(frame["step"].max())
+        for table in ("step_stats", "outlier_rows"):
+            with self._engine.frame("rescored", frame) as (source, params):
+                self._engine.con.execute(
+                    f"DELETE FROM {table} USING {source} WHERE {table}.series_id ="
+                    f" rescored.series_id AND {table}.step = rescored.step"
+                    f" AND {table}.step BETWEEN ? AND ?",
+                    [*params, low, high],
+                )
 
     def _delete(self, points: list[tuple[int, int, int]]) -> None:
         """Delete these (series, step, rank) points where they exist: a rewrite's old row."""
@@ -476,3 +532,17 @@ class DuckDBPoints:
                 f" SELECT series_id, step, value, ts, preview FROM {source}",
                 params,
             )
+
+
+def _open_step(
+    points: dict[str, np.ndarray], fresh: np.ndarray, newest: int
+) -> dict[str, np.ndarray] | None:
+    """The points of the series' newest step when this unit scored it whole from them
+    and it has fewer than its world size (more may come), else None."""
+    steps = points["step"]
+    mine = steps == newest
+    if not mine.any() or not fresh[mine].all():
+        return None
+    if int(mine.sum()) >= int(points["world_size"][mine].max()):
+        return None
+    return {name: points[name][mine] for name in _TAIL_NAMES}
