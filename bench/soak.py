@@ -12,6 +12,8 @@ first minute on a 2-core machine, so 90,000. Each interval prints: the points/s
 achieved, the server's RSS (its decoding process included) at the interval's end and its
 median and max over the interval (sampled every 5 s), the
 write latency p50/p99, the summary latency p50/p99, and any failed request.
+``--no-poll`` leaves the summary polls out (the memory is still sampled every 5 s): what
+the write latency does without them.
 ``tests/reliability/test_soak.py`` runs a short form.
 """
 
@@ -81,6 +83,7 @@ def soak(
     interval: float,
     log: bool = True,
     stores: dict[str, str] | None = None,
+    polls: bool = True,
 ) -> list[Interval]:
     intervals: list[Interval] = []
     lock = threading.Lock()
@@ -140,6 +143,10 @@ def soak(
         def reader() -> None:
             with httpx.Client(base_url=server.url, headers=headers, timeout=120) as http:
                 while not stop.wait(5.0):
+                    if not polls:  # memory still sampled every 5 s
+                        with lock:
+                            current().rss_seen.append(rss_mb(pid))
+                        continue
                     began = time.perf_counter()
                     answer = http.get(f"/api/runs/{run_id}/distributed",
                                       params={"key": "train/loss"})  # fmt: skip
@@ -188,12 +195,17 @@ def main() -> int:
         "--rate", type=float, default=90_000.0, help="points/s (1e9: as fast as it goes)"
     )
     parser.add_argument("--interval", type=float, default=300.0, help="seconds per report")
+    parser.add_argument(
+        "--no-poll", action="store_true", help="no summary polls (their cost's share of the rest)"
+    )
     args = parser.parse_args()
     print(
         f"soak: {args.minutes:g} min at {args.rate:,.0f} points/s, report every {args.interval:g} s"
     )
     with tempfile.TemporaryDirectory() as tmp:
-        intervals = soak(Path(tmp), args.minutes * 60, args.rate, args.interval)
+        intervals = soak(
+            Path(tmp), args.minutes * 60, args.rate, args.interval, polls=not args.no_poll
+        )
     first, last = intervals[0], intervals[-1]
     print(f"\nRSS after the first interval {first.rss:.0f} MB, at the end {last.rss:.0f} MB:"
           f" {last.rss / first.rss - 1:+.1%} after warm-up")  # fmt: skip
