@@ -437,8 +437,9 @@ class DuckDBPoints:
         staged: _Staged,
     ) -> dict[str, np.ndarray]:
         """One series' points, ready to insert: steps newer than any the series has get
-        their reducers and scores now (from these points, the latest write of each rank);
-        older steps are marked stale. Points that may exist already are noted to delete."""
+        their reducers and scores now (from these points, the latest write of each rank),
+        and so does its open step, with its tail's points (written again); older steps are
+        marked stale. Points that may exist already are noted to delete."""
         last = self._last_step.get(sid, -1)
         batch = len(points["step"]) >= FRESH_MIN_POINTS
         tail = self._tails.get(sid) if batch else None
