@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from instantml.health import detectors
 from instantml.health.detectors import KeyWindow
@@ -88,6 +90,22 @@ def test_missing_takes_every_key_of_the_run() -> None:
     a = window("a", grid(range(20), world=2, skip=lambda s, r: r == 1 and s >= 10), world=2)
     b = window("b", grid(range(20), world=2), world=2)
     assert detectors.rank_missing([a, b], TH, 2000.0, {}) == []
+
+
+@given(
+    st.lists(
+        st.lists(st.tuples(st.integers(0, 10**12), st.integers(0, 511)), max_size=40), max_size=4
+    )
+)
+def test_last_steps_is_each_ranks_largest_step(keys: list[list[tuple[int, int]]]) -> None:
+    """What the monitor remembers of a look (a rank's last step, for a rank absent from the
+    next window): each rank's largest step over every key's window, in any order."""
+    windows = [window(f"k{i}", [(s, r, 1.0) for s, r in points]) for i, points in enumerate(keys)]
+    expected: dict[int, int] = {}
+    for points in keys:
+        for step, rank in points:
+            expected[rank] = max(expected.get(rank, -1), step)
+    assert detectors.last_steps(windows) == expected
 
 
 def test_an_outlier_burst_needs_5_of_the_last_10_steps() -> None:

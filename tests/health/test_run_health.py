@@ -88,6 +88,11 @@ def _run(api: httpx.Client, prefix: str) -> str:
 
 def _step(api: httpx.Client, run_id: str, step: int, values: dict[int, dict[str, float]]) -> None:
     """One step: each rank's metrics, one batch."""
+    _steps(api, run_id, {step: values})
+
+
+def _steps(api: httpx.Client, run_id: str, steps: dict[int, dict[int, dict[str, float]]]) -> None:
+    """Steps' ranks' metrics, one batch."""
     events = [
         {
             "event_id": f"{run_id}-{step}-{rank}",
@@ -97,6 +102,7 @@ def _step(api: httpx.Client, run_id: str, step: int, values: dict[int, dict[str,
                 "body": {"metrics": metrics, "step": step, "rank": rank, "world_size": WORLD},
             },
         }
+        for step, values in steps.items()
         for rank, metrics in values.items()
     ]
     response = api.post("/api/ingest", json={"events": events})
@@ -300,15 +306,15 @@ def test_a_runs_own_thresholds(start_server: Callable[..., ServerProcess]) -> No
 
 
 def test_a_run_with_many_keys_is_read_in_turn(start_server: Callable[..., ServerProcess]) -> None:
-    """150 keys (more than one look reads): a burst on the last key is found, and its
-    alert is not resolved by the looks that read other keys."""
+    """150 keys (more than one look reads): a burst on the last key is found though the
+    points come in one batch and no more follow (the run is looked at until every key is
+    read), and its alert is not resolved by the looks that read other keys."""
     server = start_server()
     keys = [f"k{i:03d}" for i in range(150)]
     with _api(server) as api:
         run = _run(api, "many")
-        for step in range(40):
-            _step(api, run, step, {r: {k: 50.0 if (k == "k149" and r == 2 and step >= 4) else 1.0 + 0.01 * r
-                                       for k in keys} for r in range(WORLD)})  # fmt: skip
+        _steps(api, run, {step: {r: {k: 50.0 if (k == "k149" and r == 2 and step >= 4) else 1.0 + 0.01 * r
+                                     for k in keys} for r in range(WORLD)} for step in range(40)})  # fmt: skip
         (burst,) = _wait("outlier_burst", lambda: _open(api, run, "outlier_burst"))
         assert (burst["rank"], burst["key"]) == (2, "k149")
         for step in range(40, 46):  # more looks, at other keys: it stays open

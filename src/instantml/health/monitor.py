@@ -1,8 +1,8 @@
 """The run-health monitor: a thread that re-evaluates the detectors of every run that got
 rank points (told by the write service after each committed unit), at most every
-``interval`` seconds per run, from the stores' committed data; opens an alert for each new
-finding and resolves the open alerts whose finding is gone (``HealthStore.change``, which
-also queues their webhook deliveries).
+``interval`` seconds per run (longer on a busy server: ``LOOK_SHARE``), from the stores'
+committed data; opens an alert for each new finding and resolves the open alerts whose
+finding is gone (``HealthStore.change``, which also queues their webhook deliveries).
 
 It never runs in the write path: ingest only adds a run to a set. Reads are bounded: each
 rank key's last steps (``window_points``: the steps since the last evaluation, at least
@@ -30,6 +30,10 @@ MIN_WINDOW, MAX_WINDOW = 64, 4096
 # A run with more rank keys is read this many at a time, in turn (timing keys always), so
 # that a run logging 10,000 keys costs a look what one logging 64 does.
 KEYS_PER_LOOK = 64
+# A run's looks take at most this share of the wall time (a look that took 0.1 s waits
+# 1 s for the next), but are never further apart than MAX_GAP: under heavy ingest the
+# monitor yields to the writer, and an alert still comes within about two seconds.
+LOOK_SHARE, MAX_GAP = 0.1, 1.5
 ATTRIBUTE_TYPE, ATTRIBUTE_PREFIX = "health", "health/"  # as server/writes.py checks them
 
 
@@ -71,9 +75,13 @@ class HealthMonitor:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._last_eval: dict[tuple[int, str], float] = {}
+        self._cost: dict[tuple[int, str], float] = {}  # the wall time of each run's last look
         self._last_step: dict[tuple[int, str], int] = {}
         self._known_last: dict[tuple[int, str], dict[int, int]] = {}
         self._turn: dict[tuple[int, str], int] = {}  # where the next look at many keys starts
+        # Keys not read since the run's latest step last moved: the run is looked at again
+        # until none are left, though no more points come (its last ones may hold a burst).
+        self._unread: dict[tuple[int, str], int] = {}
         self._thread = threading.Thread(target=self._run, name="instantml-health", daemon=True)
         self._thread.start()
 
@@ -94,9 +102,7 @@ class HealthMonitor:
             self._wake.clear()
             now = time.monotonic()
             with self._lock:
-                due = {
-                    r for r in self._dirty if now - self._last_eval.get(r, -1e9) >= self._interval
-                }
+                due = {r for r in self._dirty if now - self._last_eval.get(r, -1e9) >= self._gap(r)}
                 self._dirty -= due
                 later = bool(self._dirty)
             for run in sorted(due):
@@ -107,9 +113,20 @@ class HealthMonitor:
                     log.exception("evaluating the health of run %s", run[1])
                     with self._lock:
                         self._dirty.add(run)
+                if self._unread.get(run, 0) > 0:
+                    with self._lock:
+                        self._dirty.add(run)
+                self._cost[run] = time.monotonic() - now
+                now = time.monotonic()
             if later:  # runs evaluated too recently: look again when they are due
                 self._stop.wait(self._interval / 2)
                 self._wake.set()
+
+    def _gap(self, run: tuple[int, str]) -> float:
+        """How long after a look at the run the next may start: ``interval``, or longer
+        when a look takes more than ``LOOK_SHARE`` of that (a busy server: the looks wait
+        on the writer and the readers for the GIL and the store), up to ``MAX_GAP``."""
+        return min(MAX_GAP, max(self._interval, self._cost.get(run, 0.0) / LOOK_SHARE))
 
     def thresholds(self, org_id: int, run_id: str) -> Thresholds:
         """The server's thresholds with the run's own (its ``health/*`` attributes) over."""
@@ -177,6 +194,10 @@ class HealthMonitor:
             start = self._turn.get(ident, 0) % len(others)
             turn = (others[start:] + others[:start])[: max(0, KEYS_PER_LOOK - len(timing))]
             self._turn[ident] = start + len(turn)
+            if latest != self._last_step.get(ident):
+                self._unread[ident] = len(others)
+            left = self._unread.get(ident, len(others)) - len(turn)
+            self._unread[ident] = left if turn else 0  # (64 timing keys: the others unread)
             ranked = timing + turn
             looked = {key for _, key in ranked}
         for sid, key in ranked:
@@ -190,9 +211,8 @@ class HealthMonitor:
                 findings += detectors.stragglers(key, steps, medians, th, now)
         known = self._known_last.setdefault(ident, {})
         findings += detectors.rank_missing(windows, th, now, known)
-        for window in windows:
-            for rank, step in zip(window.rank.tolist(), window.step.tolist(), strict=True):
-                if step > known.get(rank, -1):
-                    known[rank] = step
+        for rank, step in detectors.last_steps(windows).items():
+            if step > known.get(rank, -1):
+                known[rank] = step
         self._last_step[ident] = latest
         return findings, looked
