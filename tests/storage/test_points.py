@@ -33,6 +33,7 @@ class Writer:
     def __init__(self, stores: Stores, run_id: str = "r") -> None:
         self.stores = stores
         org, _ = stores.tenancy.ensure_org("o")
+        self.org, self.run_id = org, run_id
         with stores.unit():
             from instantml.storage.records import RunSpec
 
@@ -343,6 +344,47 @@ def split_stream(draw: st.DrawFn) -> list[list[Point]]:
         batches.append(batch)
         at += size
     return batches
+
+
+def test_keys_written_in_one_unit_are_each_scored_alone(
+    open_stores: OpenStores, backend: str
+) -> None:
+    """Several keys' points in each unit (as one batch of rank events brings them) and
+    brought up to date together (the ClickHouse store refreshes every series of a chunk
+    with one read and one insert a table): each key's summary is its own points'."""
+
+    @examples(backend, 15)
+    @given(
+        keys=st.lists(spread_batches(), min_size=2, max_size=4),
+        settle=st.sampled_from(["refresh", "drain"]),
+    )
+    def check(keys: list[list[list[Point]]], settle: str) -> None:
+        stores = open_stores()
+        writer = Writer(stores, f"r{np.random.default_rng().integers(1 << 60)}")
+        with stores.unit():
+            run = stores.runs.resolve(writer.org, [writer.run_id])[writer.run_id]
+            assert run is not None
+            sids = list(stores.runs.series_ids(run, RANK, [f"k{i}" for i in range(len(keys))]))
+        for i in range(max(len(batches) for batches in keys)):
+            with stores.unit():
+                for sid, batches in zip(sids, keys, strict=True):
+                    if i < len(batches):
+                        stores.points.write_rank(sid, writer.columns(batches[i]))
+        if settle == "refresh":  # every key in one unit, as a summary of each would ask
+            with stores.unit():
+                for sid in sids:
+                    stores.points.refresh(sid)
+        params = {"outlier_limit": 10_000, "max_points": 4, "heatmap_steps": 3}
+        for sid, batches in zip(sids, keys, strict=True):
+            writer.sid = sid
+            assert_matches(
+                writer.summary("upkeep" if settle == "refresh" else "drain", **params),
+                reference([p for batch in batches for p in batch], **params),  # type: ignore[arg-type]
+                9.0,
+                3.0,
+            )
+
+    check()
 
 
 def test_a_step_split_across_batches_is_scored_whole(open_stores: OpenStores, backend: str) -> None:

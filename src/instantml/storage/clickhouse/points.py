@@ -29,6 +29,8 @@ REFRESH_CHUNK = 4096
 _POINT_COLUMNS = ("step", "rank", "world_size", "local_rank", "value", "weight", "ts")
 _STATS = ("n", "expected", "mean", "weighted_mean", "min", "max", "std", "p05", "p50",
           "p95", "mad", "mean_ad", "nonfinite")  # fmt: skip
+_SCORES = ("step", "rank", "delta", "z", "robust_z")
+_OUTLIER = ("step", "rank", "local_rank", "value", "delta", "z", "robust_z")
 
 
 @dataclass
@@ -77,7 +79,7 @@ class ChPoints:
         return self._backlog
 
     def needs_refresh(self, series_id: int) -> bool:
-        return bool(self._stale_steps(series_id, limit=1))
+        return bool(self._stale([series_id], limit=1))
 
     # ---- reads ----
 
@@ -132,8 +134,8 @@ class ChPoints:
             staged.marked = self._flush_rank(staged.rank)
         if staged.scalars:
             self._flush_scalars(list(staged.scalars.values()))
-        for sid in staged.refresh:
-            while self._refresh_chunk(sid, self._stale_steps(sid, REFRESH_CHUNK)):
+        if staged.refresh:
+            while self._refresh(self._stale(sorted(staged.refresh), REFRESH_CHUNK)):
                 pass
         if staged.maintain:
             self._maintain()
@@ -182,108 +184,97 @@ class ChPoints:
 
     def _maintain(self) -> None:
         """Refresh a chunk of stale steps, whichever process marked them."""
-        stale = self._engine.rows(
-            f"SELECT series_id, step FROM {self._engine.table('stale_steps')} FINAL"
-            f" WHERE stale = 1 LIMIT {REFRESH_CHUNK}"
-        )
-        by_series: dict[int, list[int]] = {}
-        for sid, step in stale:
-            by_series.setdefault(int(sid), []).append(int(step))
-        for sid, chunk in by_series.items():
-            self._refresh_chunk(sid, chunk)
-        if len(stale) < REFRESH_CHUNK:
+        stale = self._stale(None, REFRESH_CHUNK)
+        self._refresh(stale)
+        if sum(len(steps) for steps in stale.values()) < REFRESH_CHUNK:
             self._backlog = 0  # every stale step is done, not only the ones marked here
 
     def committed(self, staged: _Staged) -> None:
         self._backlog += staged.marked
 
-    def _stale_steps(self, series_id: int, limit: int) -> list[int]:
+    def _stale(self, series_ids: Sequence[int] | None, limit: int) -> dict[int, list[int]]:
+        """Up to ``limit`` stale steps (of these series, or of any), by series."""
+        where = "" if series_ids is None else " AND series_id IN {ids:Array(UInt64)}"
         rows = self._engine.rows(
-            f"SELECT step FROM {self._engine.table('stale_steps')} FINAL"
-            " WHERE series_id = {sid:UInt64} AND stale = 1 ORDER BY step LIMIT {n:UInt32}",
-            {"sid": series_id, "n": limit},
+            f"SELECT series_id, step FROM {self._engine.table('stale_steps')} FINAL"
+            f" WHERE stale = 1{where} ORDER BY series_id, step LIMIT {{n:UInt32}}",
+            {"n": limit, **({} if series_ids is None else {"ids": list(series_ids)})},
         )
-        return [int(step) for (step,) in rows]
+        by_series: dict[int, list[int]] = {}
+        for sid, step in rows:
+            by_series.setdefault(int(sid), []).append(int(step))
+        return by_series
 
-    def _refresh_chunk(self, sid: int, steps: list[int]) -> bool:
-        """Recompute these steps of one series from all their points; True if any."""
-        if not steps:
+    def _refresh(self, chunks: dict[int, list[int]]) -> bool:
+        """Recompute these steps of these series from all their points; True if any. One
+        read of the points and one insert a table for every series together: a unit that
+        wrote 150 keys costs the round trips (and the parts) that one key does."""
+        chunks = {sid: steps for sid, steps in chunks.items() if steps}
+        if not chunks:
             return False
         engine = self._engine
         read_at = engine.version()  # before the read: anything written later stays stale
         # Whole level-1 blocks: their rows are rebuilt from all their points.
-        points = engine.query_np(
-            "SELECT step, rank, value, weight, world_size, local_rank FROM"
-            f" {engine.table('rank_points')} FINAL WHERE series_id = {{sid:UInt64}}"
+        wanted = {sid: blocks.level_one_steps(steps) for sid, steps in chunks.items()}
+        found = engine.query_np(
+            "SELECT series_id, step, rank, value, weight, world_size, local_rank FROM"
+            f" {engine.table('rank_points')} FINAL WHERE series_id IN {{sids:Array(UInt64)}}"
             " AND step IN {steps:Array(Int64)}",
-            {"sid": sid, "steps": blocks.level_one_steps(steps)},
+            {"sids": list(wanted), "steps": sorted(set().union(*wanted.values()))},
         )
-        done = np.array(steps, dtype=np.int64)
-        if len(points):
+        of_series = found["series_id"].astype(np.int64)
+        stats, scores, outliers, block_rows = [], [], [], {}
+        for sid, steps in wanted.items():
+            points = found[(of_series == sid) & np.isin(found["step"], steps)]
+            if not len(points):
+                continue
             rows, delta, z, robust = step_stats(
                 points["step"].astype(np.int64), points["value"].astype(np.float64),
                 points["weight"].astype(np.float64), points["world_size"].astype(np.int64),
             )  # fmt: skip
-            n = len(rows["step"])
-            engine.insert(
-                "step_stats",
-                {
-                    "series_id": np.full(n, sid, dtype=np.uint64),
-                    "step": rows["step"],
-                    **{k: rows[k] for k in _STATS},
-                    "version": np.full(n, read_at, dtype=np.uint64),
-                },
-            )
-            engine.insert(
-                "scores",
-                {
-                    "series_id": np.full(len(delta), sid, dtype=np.uint64),
-                    "step": points["step"].astype(np.int64),
-                    "rank": points["rank"].astype(np.int16),
-                    "delta": delta,
-                    "z": z,
-                    "robust_z": robust,
-                    "version": np.full(len(delta), read_at, dtype=np.uint64),
-                },
-            )
+            stats.append({"series_id": sid, "step": rows["step"], **{k: rows[k] for k in _STATS}})
             scored = {
-                "step": points["step"], "rank": points["rank"], "value": points["value"],
-                "delta": delta, "z": z, "robust_z": robust, "local_rank": points["local_rank"],
+                "step": points["step"].astype(np.int64), "rank": points["rank"].astype(np.int16),
+                "value": points["value"], "delta": delta, "z": z, "robust_z": robust,
+                "local_rank": points["local_rank"],
             }  # fmt: skip
-            rows = block_math.of_points(scored)
-            blocks.rebuild(engine, sid, rows, read_at)
-            chosen = np.flatnonzero(rows["outliers"] > 0)
+            scores.append({"series_id": sid, **{k: scored[k] for k in _SCORES}})
+            block_rows[sid] = block_math.of_points(scored)
+            chosen = np.flatnonzero(block_rows[sid]["outliers"] > 0)
             if len(chosen):
-                engine.insert(
-                    "outlier_rows",
-                    {
-                        "series_id": np.full(len(chosen), sid, dtype=np.uint64),
-                        **{
-                            name: np.asarray(scored[name])[chosen]
-                            for name in (
-                                "step",
-                                "rank",
-                                "local_rank",
-                                "value",
-                                "delta",
-                                "z",
-                                "robust_z",
-                            )
-                        },
-                        "version": np.full(len(chosen), read_at, dtype=np.uint64),
-                    },
+                outliers.append(
+                    {"series_id": sid, **{k: np.asarray(scored[k])[chosen] for k in _OUTLIER}}
                 )
-        engine.insert(
-            "stale_steps",
-            {
-                "series_id": np.full(len(done), sid, dtype=np.uint64),
-                "step": done,
-                "stale": np.zeros(len(done), dtype=np.uint8),
-                "version": np.full(len(done), read_at, dtype=np.uint64),
-            },
-        )
-        self._backlog = max(0, self._backlog - len(done))
+        _insert_parts(engine, "step_stats", stats, read_at)
+        _insert_parts(engine, "scores", scores, read_at)
+        blocks.rebuild(engine, block_rows, read_at)
+        _insert_parts(engine, "outlier_rows", outliers, read_at)
+        done = [
+            {"series_id": sid, "step": np.array(steps, dtype=np.int64),
+             "stale": np.zeros(len(steps), dtype=np.uint8)}
+            for sid, steps in chunks.items()
+        ]  # fmt: skip
+        _insert_parts(engine, "stale_steps", done, read_at)
+        self._backlog = max(0, self._backlog - sum(len(steps) for steps in chunks.values()))
         return True
+
+
+def _insert_parts(engine: ChEngine, table: str, parts: list[dict[str, Any]], version: int) -> None:
+    """One insert of every series' columns (``series_id`` a number in each part) into
+    ``table``, each row stamped with ``version``."""
+    if not parts:
+        return
+    sizes = [len(part["step"]) for part in parts]
+    columns: dict[str, Any] = {
+        "series_id": np.concatenate(
+            [np.full(n, part["series_id"], dtype=np.uint64) for part, n in zip(parts, sizes)]
+        )
+    }
+    for name in parts[0]:
+        if name != "series_id":
+            columns[name] = np.concatenate([np.asarray(part[name]) for part in parts])
+    columns["version"] = np.full(sum(sizes), version, dtype=np.uint64)
+    engine.insert(table, columns)
 
 
 def _copy_int_scalars(engine: ChEngine) -> None:
