@@ -16,29 +16,17 @@ import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
 from instantml.storage import open_stores
 from instantml.storage.records import RANK, RunSpec
 
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_upkeep import _columns
+
 RANKS, STEPS = 8, 40
-
-
-def _columns(unit: int, seq: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    step = np.repeat(np.arange(unit * STEPS, (unit + 1) * STEPS, dtype=np.int64), RANKS)
-    rank = np.tile(np.arange(RANKS), STEPS)
-    n = len(step)
-    return {
-        "step": step,
-        "rank": rank.astype(np.int16),
-        "world_size": np.full(n, RANKS, dtype=np.int16),
-        "local_rank": rank.astype(np.int16),
-        "value": rng.normal(1.0, 0.1, n),
-        "weight": np.ones(n),
-        "ts": np.zeros(n),
-        "seq": seq + np.arange(n, dtype=np.int64),
-    }
 
 
 def main() -> int:
@@ -63,8 +51,8 @@ def main() -> int:
                     assert run is not None
                     sids = stores.runs.series_ids(run, RANK, [f"k{i}" for i in range(keys)])
                 with stores.unit():
-                    for i, sid in enumerate(sids):
-                        stores.points.write_rank(sid, _columns(0, i * RANKS * STEPS, rng))
+                    for sid in sids:
+                        stores.points.write_rank(sid, _columns(0, rng, RANKS, STEPS))
                 started = time.perf_counter()
                 with stores.unit():
                     for sid in sids:

@@ -46,9 +46,12 @@ def _series(stores: Stores, keys: int) -> list[int]:
         return list(stores.runs.series_ids(run, RANK, [f"k{i}" for i in range(keys)]))
 
 
-def _columns(unit: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    step = np.repeat(np.arange(unit * PER_UNIT, (unit + 1) * PER_UNIT, dtype=np.int64), RANKS)
-    rank = np.tile(np.arange(RANKS), PER_UNIT)
+def _columns(
+    unit: int, rng: np.random.Generator, ranks: int = RANKS, steps: int = PER_UNIT
+) -> dict[str, np.ndarray]:
+    """Unit ``unit``'s points of one key: ``steps`` steps from ``unit * steps``, every rank."""
+    step = np.repeat(np.arange(unit * steps, (unit + 1) * steps, dtype=np.int64), ranks)
+    rank = np.tile(np.arange(ranks), steps)
     n = len(step)
     return {
         "step": step,
