@@ -119,24 +119,18 @@ def _insert(
     parts: list[tuple[int, np.ndarray, blocks.Rows]],
     version: int,
 ) -> None:
-    """One insert of the rows of every series' part: (series id, each row's block start,
-    the rows)."""
-    parts = [part for part in parts if len(part[1])]
-    if not parts:
-        return
-    n = sum(len(group) for _, group, _ in parts)
-    engine.insert(
+    """One insert of every series' block rows at this level: (series id, each row's block
+    start, the rows)."""
+    engine.insert_series(
         "rank_blocks",
-        {
-            "series_id": np.concatenate(
-                [np.full(len(group), sid, dtype=np.uint64) for sid, group, _ in parts]
-            ),
-            "level": np.full(n, level, dtype=np.uint8),
-            "start": np.concatenate([group for _, group, _ in parts]).astype(np.int64),
-            **{
-                name: np.concatenate([rows[name] for _, _, rows in parts]).astype(_TYPES[name])
-                for name in blocks.FIELDS
-            },
-            "version": np.full(n, version, dtype=np.uint64),
-        },
+        [
+            {
+                "series_id": sid,
+                "level": np.full(len(group), level, dtype=np.uint8),
+                "start": group.astype(np.int64),
+                **{name: rows[name].astype(_TYPES[name]) for name in blocks.FIELDS},
+            }
+            for sid, group, rows in parts
+        ],
+        version,
     )

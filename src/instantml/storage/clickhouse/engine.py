@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+import numpy as np
 from clickhouse_connect.driver.exceptions import DatabaseError
 
 from .. import safe_url
@@ -193,6 +194,27 @@ class ChEngine:
                 self.table(table), list(columns.values()), column_names=list(columns),
                 column_oriented=True,
             )  # fmt: skip
+
+    def insert_series(self, table: str, parts: list[dict[str, Any]], version: int) -> None:
+        """One insert of several series' rows: each part a ``series_id`` number and columns
+        of one length; every row stamped with ``version``. Nothing when every part is
+        empty."""
+        sized = [
+            (part, len(next(v for k, v in part.items() if k != "series_id"))) for part in parts
+        ]
+        sized = [(part, n) for part, n in sized if n]
+        if not sized:
+            return
+        columns: dict[str, Any] = {
+            "series_id": np.concatenate(
+                [np.full(n, part["series_id"], dtype=np.uint64) for part, n in sized]
+            )
+        }
+        for name in sized[0][0]:
+            if name != "series_id":
+                columns[name] = np.concatenate([np.asarray(part[name]) for part, _ in sized])
+        columns["version"] = np.full(len(columns["series_id"]), version, dtype=np.uint64)
+        self.insert(table, columns)
 
     def join(self, participant: Any) -> None:
         self._participants.append(participant)

@@ -245,36 +245,18 @@ class ChPoints:
                 outliers.append(
                     {"series_id": sid, **{k: np.asarray(scored[k])[chosen] for k in _OUTLIER}}
                 )
-        _insert_parts(engine, "step_stats", stats, read_at)
-        _insert_parts(engine, "scores", scores, read_at)
+        engine.insert_series("step_stats", stats, read_at)
+        engine.insert_series("scores", scores, read_at)
         blocks.rebuild(engine, block_rows, read_at)
-        _insert_parts(engine, "outlier_rows", outliers, read_at)
+        engine.insert_series("outlier_rows", outliers, read_at)
         done = [
             {"series_id": sid, "step": np.array(steps, dtype=np.int64),
              "stale": np.zeros(len(steps), dtype=np.uint8)}
             for sid, steps in chunks.items()
         ]  # fmt: skip
-        _insert_parts(engine, "stale_steps", done, read_at)
+        engine.insert_series("stale_steps", done, read_at)
         self._backlog = max(0, self._backlog - sum(len(steps) for steps in chunks.values()))
         return True
-
-
-def _insert_parts(engine: ChEngine, table: str, parts: list[dict[str, Any]], version: int) -> None:
-    """One insert of every series' columns (``series_id`` a number in each part) into
-    ``table``, each row stamped with ``version``."""
-    if not parts:
-        return
-    sizes = [len(part["step"]) for part in parts]
-    columns: dict[str, Any] = {
-        "series_id": np.concatenate(
-            [np.full(n, part["series_id"], dtype=np.uint64) for part, n in zip(parts, sizes)]
-        )
-    }
-    for name in parts[0]:
-        if name != "series_id":
-            columns[name] = np.concatenate([np.asarray(part[name]) for part in parts])
-    columns["version"] = np.full(sum(sizes), version, dtype=np.uint64)
-    engine.insert(table, columns)
 
 
 def _copy_int_scalars(engine: ChEngine) -> None:
