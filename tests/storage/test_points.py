@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 
 from instantml.server.responses import JSONResponse
 from instantml.storage import open_stores as _open_stores
+from instantml.storage.blocks import LEVELS
+from instantml.storage.duckdb import blocks as duckdb_blocks
 from instantml.storage.duckdb import points as points_module
 from instantml.storage.duckdb import summary as duckdb_summary
 from instantml.storage.protocols import Stores
@@ -170,16 +172,59 @@ def test_a_block_is_built_once_the_run_passes_its_end(open_stores: OpenStores) -
     con = getattr(getattr(stores.points, "_engine", None), "con", None)
     if isinstance(con, duckdb.DuckDBPyConnection):  # the embedded store: built once, complete
         kept = con.execute(
-            "SELECT level, start, count(*) FROM rank_blocks WHERE level >= 2"
-            " GROUP BY level, start ORDER BY level, start"
+            " UNION ALL ".join(
+                f"SELECT {level}, start, count(*) FROM {duckdb_blocks.table(level)} GROUP BY start"
+                for level in range(2, LEVELS + 1)
+            )
+            + " ORDER BY 1, 2"
         ).fetchall()
         assert kept == [(2, 0, 8)]
+
+
+def test_a_store_with_every_level_in_one_table_moves_its_blocks(
+    open_stores: OpenStores,
+) -> None:
+    # The embedded store kept every level's blocks in one table (``rank_blocks``) before
+    # it kept a table per level: opened, such a store has its rows moved, once, and its
+    # summaries read them (nothing is marked stale, so they are read as blocks).
+    writer = Writer(open_stores())
+    con = getattr(getattr(writer.stores.points, "_engine", None), "con", None)
+    if not isinstance(con, duckdb.DuckDBPyConnection):
+        pytest.skip("the embedded store's layout")
+    writes = [
+        Point(s, r, float((s * 5 + r * 3) % 13), 1.0, r % 3, 4) for s in range(70) for r in range(4)
+    ]
+    writer.write(writes)
+    writer.summary()  # every block built
+    tables = [duckdb_blocks.table(level) for level in range(1, LEVELS + 1)]
+    counts = [con.execute(f"SELECT count(*) FROM {t}").fetchall()[0][0] for t in tables]
+    assert counts[:3] == [17 * 4, 4 * 4, 4]  # steps 0-69: the blocks that end by 69
+    con.execute(
+        "CREATE TABLE rank_blocks AS "
+        + " UNION ALL ".join(
+            f"SELECT series_id, {level}::TINYINT AS level, * EXCLUDE (series_id) FROM {t}"
+            for level, t in enumerate(tables, 1)
+        )
+    )
+    for t in tables:
+        con.execute(f"DROP TABLE {t}")
+    writer.stores.close()
+    writer.stores = open_stores()
+    con = writer.stores.points._engine.con  # type: ignore[attr-defined]
+    assert [con.execute(f"SELECT count(*) FROM {t}").fetchall()[0][0] for t in tables] == counts
+    assert not con.execute(
+        "SELECT count(*) FROM information_schema.tables WHERE table_name = 'rank_blocks'"
+    ).fetchall()[0][0]
+    assert not con.execute("SELECT count(*) FROM stale_blocks").fetchall()[0][0]
+    params = {"heatmap_steps": 7, "outlier_limit": 10_000}
+    assert_matches(writer.summary(**params), reference(writes, **params), 1.0)
 
 
 def _forget_blocks(stores: Stores) -> None:
     points = stores.points
     if hasattr(points, "_engine") and hasattr(points._engine, "con"):  # DuckDB
-        points._engine.con.execute("DROP TABLE rank_blocks")
+        for level in range(1, LEVELS + 1):
+            points._engine.con.execute(f"DROP TABLE {duckdb_blocks.table(level)}")
         points._engine.con.execute("DELETE FROM stale_blocks")
     else:  # ClickHouse
         with points._engine.guarded() as client:  # type: ignore[attr-defined]

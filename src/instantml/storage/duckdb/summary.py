@@ -149,19 +149,25 @@ def _cells_from_blocks(
     times its idle cost.)"""
     # Marks are read only where the range has some (most runs have none).
     marked = bool(found.stats["nonfinite"].any())
-    cur.register("pieces", pieces.blocks())
-    try:
-        cells = cur.execute(
-            "SELECT p.b, r.rank, sum(r.n)::BIGINT AS n, sum(r.total) AS total"
-            f"{', sum(r.marks)::BIGINT AS marks' if marked else ''} FROM rank_blocks r"
-            " JOIN pieces p ON p.level = r.level AND p.start = r.start"
-            " WHERE r.series_id = $sid AND r.start IN (SELECT start FROM pieces)"
-            " GROUP BY p.b, r.rank",
-            {"sid": series_id},
-        ).fetchnumpy()
-    finally:
-        cur.unregister("pieces")
-    if not marked:
+    blocked = pieces.blocks()
+    covered = blocks.covering(
+        blocked["level"], f"r.rank, r.n, r.total{', r.marks' if marked else ''}"
+    )
+    if covered is None:
+        empty = np.empty(0, dtype=np.int64)
+        cells = {"b": empty, "rank": empty, "n": empty, "total": np.empty(0), "marks": empty}
+    else:
+        cur.register("pieces", blocked)
+        try:
+            cells = cur.execute(
+                "SELECT b, rank, sum(n)::BIGINT AS n, sum(total) AS total"
+                f"{', sum(marks)::BIGINT AS marks' if marked else ''} FROM ({covered})"
+                " GROUP BY b, rank",
+                {"sid": series_id},
+            ).fetchnumpy()
+        finally:
+            cur.unregister("pieces")
+    if "marks" not in cells:
         cells["marks"] = np.zeros(len(cells["rank"]), dtype=np.int64)
     points = _singles(cur, series_id, pieces.singles())
     return block_math.cells(
@@ -231,17 +237,19 @@ def _read(
     of_point: str,
     then: str = "",
 ) -> dict[str, np.ndarray]:
-    """The block rows and the points of these pieces (``columns`` of rank_blocks, a point
+    """The block rows and the points of these pieces (``columns`` of the block tables, a point
     projected by ``of_point``), each with its bucket ``b``; ``then`` wraps the union (an
     aggregate over ``u``)."""
-    cur.register("pieces", pieces.blocks())
+    blocked = pieces.blocks()
+    covered = blocks.covering(
+        blocked["level"], ", ".join("r." + c.strip() for c in columns.split(","))
+    )
+    cur.register("pieces", blocked)
     cur.register("singles", pieces.singles())
     try:
         union = (
-            f"SELECT p.b, {', '.join('r.' + c.strip() for c in columns.split(','))}"
-            " FROM rank_blocks r JOIN pieces p ON p.level = r.level AND p.start = r.start"
-            " WHERE r.series_id = $sid AND r.start IN (SELECT start FROM pieces)"
-            f" UNION ALL SELECT e.b, {of_point} FROM rank_points JOIN singles e USING (step)"
+            f"{covered + ' UNION ALL ' if covered else ''}SELECT e.b, {of_point}"
+            " FROM rank_points JOIN singles e USING (step)"
             " WHERE series_id = $sid AND step IN (SELECT step FROM singles)"
         )
         sql = then.format(union=union) if then else union
