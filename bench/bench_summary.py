@@ -5,7 +5,9 @@
 
 For each run size it builds a run of 512 ranks x N steps x 1 key (a slow rank, a noisy rank,
 a rank that stops at 60%, spikes on one shard), starts a real server on it and measures,
-warm, median over --repeats:
+warm, median over --repeats (``--keys K``: the run logs K-1 more keys beside it, written in
+the same units, as a run that logs several keys a step does; the summary is still of the
+first):
   * the default summary (max_points=500, heatmap_steps=200), over HTTP;
   * a zoom into 1,000 steps, over HTTP;
   * the server's RSS while answering;
@@ -59,7 +61,9 @@ def value(step: int, rng: np.random.Generator) -> np.ndarray:
     return out
 
 
-def load_store(data: Path, steps: int, chunk: int = 200, env: dict[str, str] | None = None) -> None:
+def load_store(
+    data: Path, steps: int, chunk: int = 200, env: dict[str, str] | None = None, keys: int = 1
+) -> None:
     """The run written straight through the stores (the point store's write path, per-step
     aggregates computed as at ingest), without HTTP: for runs that would take most of an
     hour to send. ``env``: the server's store settings (default: the data dir's file)."""
@@ -74,7 +78,7 @@ def load_store(data: Path, steps: int, chunk: int = 200, env: dict[str, str] | N
     with stores.unit():
         run = stores.runs.resolve(org, [RUN])[RUN]
         assert run is not None
-        (sid,) = stores.runs.series_ids(run, RANK, [KEY])
+        sids = stores.runs.series_ids(run, RANK, [KEY, *(f"other/k{i}" for i in range(1, keys))])
         stores.runs.extend({run.seq: (RANKS, steps - 1)})
     ranks = np.arange(RANKS)
     seq = 0
@@ -97,7 +101,8 @@ def load_store(data: Path, steps: int, chunk: int = 200, env: dict[str, str] | N
         }
         seq += n
         with stores.unit():
-            stores.points.write_rank(sid, columns)
+            for i, sid in enumerate(sids):
+                stores.points.write_rank(sid, {**columns, "value": columns["value"] + i})
     # As a server's idle time would: bring the aggregates up to date.
     while True:
         with stores.unit():
@@ -222,12 +227,14 @@ def timed_get(http: httpx.Client, params: dict[str, object]) -> tuple[float, int
     return time.perf_counter() - start, len(response.content)
 
 
-def measure(steps: int, load: str, repeats: int, baselines: bool = True) -> dict[str, float]:
+def measure(
+    steps: int, load: str, repeats: int, baselines: bool = True, keys: int = 1
+) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
         ingest_s = float("nan")
         if load == "store":
-            load_store(data, steps)
+            load_store(data, steps, keys=keys)
         server = ServerProcess(data, env={"HOME": tmp}).start()
         try:
             if load == "ingest":
@@ -258,6 +265,7 @@ def measure(steps: int, load: str, repeats: int, baselines: bool = True) -> dict
             baseline_sql = statistics.median(sql_group_by(db) for _ in range(3))
     return {
         "steps": steps,
+        "keys": keys,
         "points": steps * RANKS,
         "ingest_s": ingest_s,
         "cold_s": cold,
@@ -272,7 +280,8 @@ def measure(steps: int, load: str, repeats: int, baselines: bool = True) -> dict
 
 
 def report(row: dict[str, float]) -> None:
-    print(f"\n512 ranks x {row['steps']:,} steps = {row['points']:,} points")
+    keys = f" x {row['keys']} keys (each)" if row["keys"] > 1 else ""
+    print(f"\n512 ranks x {row['steps']:,} steps = {row['points']:,} points{keys}")
     if row["ingest_s"] == row["ingest_s"]:
         print(
             f"  ingest through /api/ingest : {row['ingest_s']:.0f} s ({row['points'] / row['ingest_s']:,.0f} points/s)"
@@ -301,6 +310,7 @@ def main() -> int:
         "--growth", default="", help="comma-separated step counts, loaded through the stores"
     )
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--keys", type=int, default=1, help="keys the run logs (growth runs)")
     parser.add_argument(
         "--no-baselines", action="store_true", help="skip the numpy and GROUP BY baselines"
     )
@@ -311,7 +321,7 @@ def main() -> int:
         rows.append(measure(args.steps, args.load, args.repeats, not args.no_baselines))
         report(rows[-1])
     for steps in [int(s) for s in args.growth.split(",") if s]:
-        rows.append(measure(steps, "store", args.repeats, not args.no_baselines))
+        rows.append(measure(steps, "store", args.repeats, not args.no_baselines, args.keys))
         report(rows[-1])
     if len(rows) > 1:
         print("\ngrowth (default summary / zoom / server RSS, warm medians):")
