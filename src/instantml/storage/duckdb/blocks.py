@@ -97,14 +97,20 @@ def create(engine: Engine) -> None:
 
     existed, one_table = exists(table(1)), exists("rank_blocks")
     con.execute(SCHEMA)
-    if one_table:
-        for level in range(1, LEVELS + 1):
-            con.execute(
-                f"INSERT INTO {table(level)} SELECT * EXCLUDE (level) FROM rank_blocks"
-                " WHERE level = ? ORDER BY start, series_id, rank",
-                [level],
-            )
-        con.execute("DROP TABLE rank_blocks")
+    if one_table:  # in one transaction: a crash halfway leaves the one table as it was
+        con.execute("BEGIN TRANSACTION")
+        try:
+            for level in range(1, LEVELS + 1):
+                con.execute(
+                    f"INSERT INTO {table(level)} SELECT * EXCLUDE (level) FROM rank_blocks"
+                    " WHERE level = ? ORDER BY start, series_id, rank",
+                    [level],
+                )
+            con.execute("DROP TABLE rank_blocks")
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
     elif not existed:
         con.execute(
             f"INSERT INTO stale_blocks SELECT DISTINCT series_id, step // {BASE} * {BASE}"
