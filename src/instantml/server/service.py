@@ -94,23 +94,27 @@ class WriteService:
             return answers.storage_failed(exc)
 
     def maintain(self) -> bool:
-        """One bounded unit of background work (summary aggregates); True if more remains.
-        A failure is logged, never raised: the writer thread must go on."""
+        """One bounded unit of background work (a checkpoint of the embedded engine when
+        its log is due one, else summary aggregates); True if more remains. A failure is
+        logged, never raised: the writer thread must go on."""
         if time.monotonic() < self._maintain_after:
             return False
         try:
+            if self.stores.checkpoint_due():
+                self.stores.checkpoint()
+                return True
             with self.stores.unit():
                 return self.stores.points.maintain()
         except StorageError as exc:  # an engine away for now: said in one line, retried later
-            log.warning("refreshing summary aggregates (again in %g s): %s", MAINTAIN_BACKOFF, exc)
+            log.warning("background work (again in %g s): %s", MAINTAIN_BACKOFF, exc)
             self._maintain_after = time.monotonic() + MAINTAIN_BACKOFF
             return False
         except Exception:
-            log.exception("refreshing summary aggregates")
+            log.exception("background work (a checkpoint or summary aggregates)")
             return False
 
     def backlog(self) -> int:
-        return self.stores.points.backlog()
+        return self.stores.points.backlog() + int(self.stores.checkpoint_due())
 
     def _prune(self) -> None:
         """At most hourly, forget Idempotency-Keys older than the retention."""

@@ -144,9 +144,17 @@ def open_stores(metadata_url: str, points_url: str | None = None) -> Stores:
         points.close()
         metadata.close()
 
+    def checkpoint_due() -> bool:
+        return any(engine.checkpoint_due() for engine in engines.values())
+
+    def checkpoint() -> None:
+        for engine in engines.values():
+            if engine.checkpoint_due():
+                engine.checkpoint()
+
     return Stores(
         metadata.tenancy, metadata.runs, metadata.ledger, points.points, unit, close,
-        metadata.health,
+        metadata.health, checkpoint_due, checkpoint,
     )  # fmt: skip
 
 

@@ -278,7 +278,10 @@ class HealthStore(Protocol):
 
 @dataclass(frozen=True)
 class Stores:
-    """The four stores a server works with, and one unit of work across them."""
+    """The four stores a server works with, and one unit of work across them.
+    ``checkpoint_due`` / ``checkpoint``: an embedded engine's write-ahead log has grown
+    enough to move into its file / do so (the writer's idle work; never due for the
+    server-backed stores)."""
 
     tenancy: Tenancy
     runs: Runs
@@ -287,3 +290,5 @@ class Stores:
     unit: Callable[[], AbstractContextManager[None]]
     close: Callable[[], None]
     health: HealthStore
+    checkpoint_due: Callable[[], bool] = lambda: False
+    checkpoint: Callable[[], None] = lambda: None
