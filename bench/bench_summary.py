@@ -62,23 +62,32 @@ def value(step: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def load_store(
-    data: Path, steps: int, chunk: int = 200, env: dict[str, str] | None = None, keys: int = 1
+    data: Path,
+    steps: int,
+    chunk: int = 200,
+    env: dict[str, str] | None = None,
+    keys: int = 1,
+    run_id: str = RUN,
+    names: list[str] | None = None,
 ) -> None:
     """The run written straight through the stores (the point store's write path, per-step
     aggregates computed as at ingest), without HTTP: for runs that would take most of an
-    hour to send. ``env``: the server's store settings (default: the data dir's file)."""
+    hour to send. ``env``: the server's store settings (default: the data dir's file);
+    ``names``: the keys (default: ``KEY`` and ``keys - 1`` others)."""
     settings = ServerSettings.from_env(env or {}, data_dir=data)
     data.mkdir(parents=True, exist_ok=True)
     stores = open_stores(settings.metadata_url, settings.points_url)
     bootstrap(settings, stores.tenancy)
     org = stores.tenancy.org_id("default")
     assert org is not None
-    WriteService(stores).apply([Envelope(CreateRun(org, RUN, "bench", None, {}, [], {}))])
+    WriteService(stores).apply([Envelope(CreateRun(org, run_id, "bench", None, {}, [], {}))])
     rng = np.random.default_rng(42)
     with stores.unit():
-        run = stores.runs.resolve(org, [RUN])[RUN]
+        run = stores.runs.resolve(org, [run_id])[run_id]
         assert run is not None
-        sids = stores.runs.series_ids(run, RANK, [KEY, *(f"other/k{i}" for i in range(1, keys))])
+        sids = stores.runs.series_ids(
+            run, RANK, names or [KEY, *(f"other/k{i}" for i in range(1, keys))]
+        )
         stores.runs.extend({run.seq: (RANKS, steps - 1)})
     ranks = np.arange(RANKS)
     seq = 0

@@ -32,9 +32,11 @@ from pathlib import Path
 import httpx
 import orjson
 
+from bench_summary import load_store
 from instantml.server.process import ServerProcess
 
 BATCH, WORLD = 10_000, 512
+KEYS = ("train/loss", "optimizer/grad_norm", "perf/step_ms")
 
 
 def rss_mb(pid: int) -> float:
@@ -84,8 +86,12 @@ def soak(
     log: bool = True,
     stores: dict[str, str] | None = None,
     polls: bool = True,
+    preload: int = 0,
 ) -> list[Interval]:
     intervals: list[Interval] = []
+    run_id = f"soak-{uuid.uuid4().hex[:8]}"
+    if preload:  # the run as long as the soak would have made it, written before the start
+        load_store(workdir / "data", preload, env=stores, run_id=run_id, names=list(KEYS))
     lock = threading.Lock()
     stop = threading.Event()
     env = {"HOME": str(workdir), **(stores or {})}
@@ -93,14 +99,15 @@ def soak(
         assert server.proc is not None
         headers = {"Authorization": f"Bearer {server.admin_key}"}
         pid = server.proc.pid
-        run_id = f"soak-{uuid.uuid4().hex[:8]}"
-        httpx.post(f"{server.url}/runs", json={"project": "soak", "id": run_id},
-                   headers=headers).raise_for_status()  # fmt: skip
+        if not preload:
+            httpx.post(f"{server.url}/runs", json={"project": "soak", "id": run_id},
+                       headers=headers).raise_for_status()  # fmt: skip
         path = f"/runs/{run_id}/rank-metrics"
         batches_per_second = rate / (3 * BATCH)
         start = time.monotonic()
         intervals.append(Interval(start))
-        counter = iter(range(10**12))
+        first = -(-preload * WORLD // BATCH)  # the first batch past the preloaded steps
+        counter = iter(range(first, 10**12))
         # Each rank a spool writer: its events named "<its prefix>-<n>", n counting from 1.
         writers = [uuid.uuid4().hex for _ in range(WORLD)]
         next_lock = threading.Lock()
@@ -113,7 +120,7 @@ def soak(
                 while not stop.is_set():
                     with next_lock:
                         b = next(counter)
-                    due = start + b / batches_per_second
+                    due = start + (b - first) / batches_per_second
                     if due > time.monotonic():
                         time.sleep(due - time.monotonic())
                     events = [
@@ -198,13 +205,25 @@ def main() -> int:
     parser.add_argument(
         "--no-poll", action="store_true", help="no summary polls (their cost's share of the rest)"
     )
+    parser.add_argument(
+        "--preload",
+        type=int,
+        default=0,
+        help="steps of the run written before the start (a late interval's store, sooner)",
+    )
     args = parser.parse_args()
     print(
         f"soak: {args.minutes:g} min at {args.rate:,.0f} points/s, report every {args.interval:g} s"
+        + (f", the run preloaded with {args.preload:,} steps" if args.preload else "")
     )
     with tempfile.TemporaryDirectory() as tmp:
         intervals = soak(
-            Path(tmp), args.minutes * 60, args.rate, args.interval, polls=not args.no_poll
+            Path(tmp),
+            args.minutes * 60,
+            args.rate,
+            args.interval,
+            polls=not args.no_poll,
+            preload=args.preload,
         )
     first, last = intervals[0], intervals[-1]
     print(f"\nRSS after the first interval {first.rss:.0f} MB, at the end {last.rss:.0f} MB:"

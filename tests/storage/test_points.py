@@ -112,6 +112,22 @@ def test_late_points_are_brought_up_to_date(open_stores: OpenStores) -> None:
     assert_matches(writer.summary(), reference(writes + late), 1.0)
 
 
+def test_steps_written_before_earlier_ones_are_summarised_in_order(
+    open_stores: OpenStores,
+) -> None:
+    # Their step rows are stored after the later steps' (the embedded store reads them
+    # without ORDER BY, and past 2,048 rows DuckDB scans the table rather than the
+    # primary key's index): the summary's steps still ascend, each with its own reducers.
+    writer = Writer(open_stores())
+    later = [Point(s, r, float(s % 7 + r)) for s in range(2500, 5000) for r in range(2)]
+    earlier = [Point(s, r, float(s % 5 - r)) for s in range(2500) for r in range(2)]
+    writer.write(later)
+    writer.write(earlier)
+    answer = writer.summary(max_points=10_000, heatmap_steps=7)
+    assert [s["step"] for s in answer["steps"]] == list(range(5000))  # type: ignore[index]
+    assert_matches(answer, reference(later + earlier, max_points=10_000, heatmap_steps=7), 1.0)
+
+
 def test_a_large_unit_keeps_its_marks(open_stores: OpenStores) -> None:
     # Large writes go to the engine as registered arrays (DuckDB reads a NaN there as
     # NULL): a mark, and a step whose every rank sent one, stay marks.

@@ -33,12 +33,13 @@ def rows(cur: duckdb.DuckDBPyConnection, series_id: int, params: SummaryParams) 
             "SELECT coalesce(max(expected), 0) FROM step_stats WHERE series_id = $sid",
             {"sid": series_id},
         ).fetchall()[0]
-        stats = cur.execute(
-            "SELECT step, n, expected, mean, weighted_mean, min, max, std, p05, p50, p95,"
-            " nonfinite FROM step_stats WHERE series_id = $sid AND step BETWEEN $lo AND $hi"
-            " ORDER BY step",
-            where,
-        ).fetchnumpy()
+        stats = _in_step_order(
+            cur.execute(
+                "SELECT step, n, expected, mean, weighted_mean, min, max, std, p05, p50, p95,"
+                " nonfinite FROM step_stats WHERE series_id = $sid AND step BETWEEN $lo AND $hi",
+                where,
+            ).fetchnumpy()
+        )
         found = SummaryRows(int(world_size), stats)
         steps = stats["step"]
         if len(steps) == 0:
@@ -74,6 +75,18 @@ def rows(cur: duckdb.DuckDBPyConnection, series_id: int, params: SummaryParams) 
         cur.execute("ROLLBACK")
         raise
     return found
+
+
+def _in_step_order(stats: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The step rows by step. Read without ORDER BY: they come in the order they were
+    written, which is almost always by step, and checking that costs far less than
+    DuckDB's sort of every column (9 of 23 ms for 110,000 steps); a run whose steps were
+    rewritten out of order is sorted here."""
+    steps = stats["step"]
+    if len(steps) < 2 or bool((steps[1:] > steps[:-1]).all()):
+        return stats
+    order = np.argsort(steps, kind="stable")
+    return {name: column[order] for name, column in stats.items()}
 
 
 def _scanned(
