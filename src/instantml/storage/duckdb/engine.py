@@ -33,7 +33,8 @@ DEFAULT_MEMORY_LIMIT = "1GB"
 # the COMMIT that takes the log past its threshold, so the write that happens to cross it
 # waits for the whole checkpoint, and a checkpoint's cost grows with the database (the
 # same 180,000 appended rows: 34 ms into a table of 200,000 rows, 70 ms into one of 80M;
-# 143 ms for a soak's units on a new store, 178 ms at 110,000 steps of 512 ranks). The server's writer checkpoints in its idle moments instead, once the log passes
+# 143 ms for a soak's units on a new store, 178 ms at 110,000 steps of 512 ranks). The
+# server's writer checkpoints in its idle moments instead, once the log passes
 # IDLE_CHECKPOINT_BYTES (DuckDB's own default threshold); DuckDB's threshold is raised to
 # CHECKPOINT_BACKSTOP, for a writer that is never idle.
 IDLE_CHECKPOINT_BYTES = 16 * 2**20
