@@ -167,8 +167,7 @@ def _cells_from_blocks(
         blocked["level"], f"r.rank, r.n, r.total{', r.marks' if marked else ''}"
     )
     if covered is None:
-        empty = np.empty(0, dtype=np.int64)
-        cells = {"b": empty, "rank": empty, "n": empty, "total": np.empty(0), "marks": empty}
+        cells = _no_cell_rows()
     else:
         cur.register("pieces", blocked)
         try:
@@ -217,6 +216,12 @@ def _cell_rows(rank: np.ndarray, value: np.ndarray) -> dict[str, np.ndarray]:
     }
 
 
+def _no_cell_rows() -> dict[str, np.ndarray]:
+    """No cell rows (``b, rank, n, total, marks``)."""
+    empty = np.empty(0, dtype=np.int64)
+    return {"b": empty, "rank": empty, "n": empty, "total": np.empty(0), "marks": empty}
+
+
 def _singles(
     cur: duckdb.DuckDBPyConnection, series_id: int, singles: dict[str, np.ndarray]
 ) -> dict[str, np.ndarray]:
@@ -224,8 +229,7 @@ def _singles(
     rank, n, total, marks``). Read within the steps' span (zone maps skip the rest)."""
     listed = singles["step"]
     if not len(listed):
-        empty = np.empty(0, dtype=np.int64)
-        return {"b": empty, "rank": empty, "n": empty, "total": np.empty(0), "marks": empty}
+        return _no_cell_rows()
     cur.register("singles", singles)
     try:
         found = cur.execute(
