@@ -64,8 +64,12 @@ class HealthMonitor:
         on_opened: Callable[[], None] | None = None,
         interval: float = 0.5,
         clock: Callable[[], float] = time.time,
+        pause: Callable[[], None] | None = None,
     ) -> None:
         self._stores = stores
+        # Called before each look's reads (the server's: wait, bounded, for the writes in
+        # flight; reads yield to writes).
+        self._pause = pause
         self._thresholds = thresholds
         self._on_opened = on_opened
         self._interval = interval
@@ -200,6 +204,8 @@ class HealthMonitor:
             self._unread[ident] = left if turn else 0  # (64 timing keys: the others unread)
             ranked = timing + turn
             looked = {key for _, key in ranked}
+        if self._pause is not None and ranked:
+            self._pause()
         for sid, key in ranked:
             columns = points.window_points(sid, span)
             window = KeyWindow(key, **columns)

@@ -44,7 +44,9 @@ def create_app(settings: ServerSettings, stores: Stores | None = None) -> FastAP
             default_processes() if processes is None else processes, settings.decode_min_bytes
         )
         deliverer = Deliverer(opened.health)
-        monitor = HealthMonitor(opened, settings.health, on_opened=deliverer.wake)
+        monitor = HealthMonitor(
+            opened, settings.health, on_opened=deliverer.wake, pause=writer.wait_quiet
+        )
         service.on_points = monitor.touched
         trimmer = HeapTrimmer()
         app.state.services = Services(

@@ -17,6 +17,10 @@ from .errors import ApiError
 from .service import WriteService
 
 IDLE_SECONDS = 0.05  # no write for this long: do background work
+# A read that shares the engine's cores with the writer (the Distributed summary, between
+# its statements) waits at most this long for the writes queued or being applied: reads
+# yield to writes, whose answers a training job or an uploader is waiting on.
+READ_YIELD_SECONDS = 0.25
 MAX_BACKLOG = 4096  # stale summary steps tolerated while writes keep coming
 
 _Pending = tuple[list[Envelope], "asyncio.Future[list[Answer]]", asyncio.AbstractEventLoop]
@@ -32,7 +36,10 @@ class GroupCommitter:
         self._service = service
         self._max = max_group_writes
         self._pending: deque[_Pending] = deque()
-        self._cond = threading.Condition()
+        lock = threading.Lock()
+        self._cond = threading.Condition(lock)  # a write queued (the writer waits on it)
+        self._quiet = threading.Condition(lock)  # none queued or being applied (readers)
+        self._applying = False
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="instantml-writer", daemon=True)
         self._thread.start()
@@ -61,7 +68,23 @@ class GroupCommitter:
                 item = self._pending.popleft()
                 size += len(item[0])
                 group.append(item)
+            self._applying = bool(group)
             return group
+
+    def wait_quiet(self, timeout: float = READ_YIELD_SECONDS) -> None:
+        """Wait, up to ``timeout`` seconds, until no write is queued or being applied
+        (background work does not count): a read about to use the cores starts in the
+        writer's gap instead of slowing a write down."""
+        with self._quiet:
+            self._quiet.wait_for(
+                lambda: self._closed or not (self._pending or self._applying), timeout
+            )
+
+    def _applied(self) -> None:
+        with self._quiet:
+            self._applying = False
+            if not self._pending:
+                self._quiet.notify_all()
 
     def _run(self) -> None:
         while True:
@@ -83,6 +106,7 @@ class GroupCommitter:
                 end = start + len(envelopes)
                 loop.call_soon_threadsafe(_resolve, future, outcomes[start:end])
                 start = end
+            self._applied()
             # Under sustained load the writer is never idle: keep the backlog bounded, so
             # that a summary read never has more than this to bring up to date.
             if self._service.backlog() >= MAX_BACKLOG:
@@ -93,4 +117,5 @@ class GroupCommitter:
         with self._cond:
             self._closed = True
             self._cond.notify()
+            self._quiet.notify_all()
         self._thread.join()

@@ -217,8 +217,12 @@ class PointStore(Protocol):
         """How much background work waits (steps whose aggregates are behind)."""
         ...
 
-    def summary_rows(self, series_id: int, params: SummaryParams) -> SummaryRows:
-        """The rows a Distributed summary of the series is assembled from."""
+    def summary_rows(
+        self, series_id: int, params: SummaryParams, pause: Callable[[], None] | None = None
+    ) -> SummaryRows:
+        """The rows a Distributed summary of the series is assembled from. ``pause``, when
+        given, is called before each larger read (an engine in the server's own process:
+        the server waits there for the writes in flight)."""
         ...
 
     def window_medians(

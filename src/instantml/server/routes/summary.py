@@ -70,7 +70,9 @@ async def distributed(
     # up to date first, by the writer (the only thread that writes).
     if await run_in_threadpool(points.needs_refresh, sid):
         await found.writer.submit([Envelope(Refresh(key.org_id, run_id, metric))])
-    rows = await run_in_threadpool(points.summary_rows, sid, params)
+    # Between its reads the summary waits for the writes in flight (a bounded wait): a
+    # summary is polled every few seconds, a write's answer holds up a training job.
+    rows = await run_in_threadpool(points.summary_rows, sid, params, found.writer.wait_quiet)
     # Rendered straight by orjson: the answer is already plain data, and validating a
     # 100k-cell heatmap as ``dict[str, Any]`` would cost more than reading it.
     return JSONResponse({"run_id": run_id, "key": metric, "keys": keys, **assemble(rows, params)})

@@ -10,7 +10,7 @@ of two refreshes the one that read later wins, whichever finishes last.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -113,7 +113,11 @@ class ChPoints:
                 out[int(sid)] = (int(n), step_number(last))
         return out
 
-    def summary_rows(self, series_id: int, params: SummaryParams) -> SummaryRows:
+    def summary_rows(
+        self, series_id: int, params: SummaryParams, pause: Callable[[], None] | None = None
+    ) -> SummaryRows:
+        # ``pause`` is for an engine in the server's process; ClickHouse's reads run on
+        # its own server, beside no writer thread of this one.
         return summary.rows(self._engine, series_id, params)
 
     def window_medians(

@@ -23,7 +23,7 @@ restart, past ``TAIL_POINTS``, after a single request) such a step goes stale as
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
@@ -232,8 +232,10 @@ class DuckDBPoints:
         )
         return {sid: (int(n), None if last is None else step_number(last)) for sid, n, last in rows}
 
-    def summary_rows(self, series_id: int, params: SummaryParams) -> SummaryRows:
-        return summary.rows(self._engine.cursor(), series_id, params)
+    def summary_rows(
+        self, series_id: int, params: SummaryParams, pause: Callable[[], None] | None = None
+    ) -> SummaryRows:
+        return summary.rows(self._engine.cursor(), series_id, params, pause or summary.go_on)
 
     def window_medians(
         self, series_id: int, window: int

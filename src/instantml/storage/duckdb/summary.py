@@ -7,6 +7,7 @@ values again. The answer itself is assembled by :mod:`instantml.summary.assemble
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import duckdb
@@ -22,11 +23,23 @@ if TYPE_CHECKING:
     from ...summary import SummaryParams
 
 
-def rows(cur: duckdb.DuckDBPyConnection, series_id: int, params: SummaryParams) -> SummaryRows:
+def go_on() -> None:
+    pass
+
+
+def rows(
+    cur: duckdb.DuckDBPyConnection,
+    series_id: int,
+    params: SummaryParams,
+    pause: Callable[[], None] = go_on,
+) -> SummaryRows:
+    """``pause`` is called before each of the larger reads (the server's: wait for the
+    writes in flight, so that a read shares the cores with as few of them as it can)."""
     lo = params.step_min if params.step_min is not None else 0
     hi = params.step_max if params.step_max is not None else 2**63 - 1
     where = {"sid": series_id, "lo": lo, "hi": hi}
     scores = {**where, "z": params.z, "rz": ROBUST_Z_THRESHOLD}
+    pause()
     cur.execute("BEGIN TRANSACTION")
     try:
         (world_size,) = cur.execute(
@@ -48,9 +61,11 @@ def rows(cur: duckdb.DuckDBPyConnection, series_id: int, params: SummaryParams) 
         first = int(steps[0])
         found.heat_size = bucket_size(first, int(steps[-1]), len(steps), params.heatmap_steps)
         if params.z == block_math.DEFAULT_Z:
-            _from_blocks(cur, found, series_id, first)
+            _from_blocks(cur, found, series_id, first, pause)
         else:  # the blocks keep outlier counts for the default z only: scan the points
+            pause()
             _scanned(cur, found, where, scores, first)
+        pause()
         found.outliers = cur.execute(
             f"WITH o AS (SELECT step, rank, local_rank, value, delta, z, robust_z"
             f" FROM {'outlier_rows' if params.z == block_math.DEFAULT_Z else 'rank_points'}"
@@ -123,6 +138,7 @@ def _from_blocks(
     found: SummaryRows,
     series_id: int,
     first: int,
+    pause: Callable[[], None],
 ) -> None:
     """Heatmap cells and the rollup as sums of block rows. Each heatmap bucket is covered
     by a few aligned blocks per level plus at most a few single steps at its edges; the
@@ -140,12 +156,14 @@ def _from_blocks(
     pieces = block_math.buckets(steps, first, found.heat_size, stale)
     points = int(found.stats["n"].sum() + found.stats["nonfinite"].sum())
     cover = (len(pieces.starts) + len(pieces.steps)) * max(found.world_size, 1)
+    pause()
     if points <= SCAN_RATIO * cover:
         # A short range (a zoom) whose buckets are a few steps wide: most of the cover would
         # be single steps, so one contiguous read of its points costs less.
         found.cells = _cells_scanned(cur, series_id, steps, first, found.heat_size)
     else:
-        found.cells = _cells_from_blocks(cur, series_id, pieces, found)
+        found.cells = _cells_from_blocks(cur, series_id, pieces, found, pause)
+    pause()
     found.rollup = _read_rollup(cur, series_id, block_math.whole(steps, stale))
 
 
@@ -153,7 +171,11 @@ SCAN_RATIO = 2  # read a range's points for its cells when they are at most 2x t
 
 
 def _cells_from_blocks(
-    cur: duckdb.DuckDBPyConnection, series_id: int, pieces: block_math.Pieces, found: SummaryRows
+    cur: duckdb.DuckDBPyConnection,
+    series_id: int,
+    pieces: block_math.Pieces,
+    found: SummaryRows,
+    pause: Callable[[], None],
 ) -> dict[str, np.ndarray]:
     """The cells summed per (bucket, rank) in DuckDB, from the block rows and the single
     steps' points apart: ~1M rows of a long range's cover come back as one row per cell.
@@ -181,6 +203,7 @@ def _cells_from_blocks(
             cur.unregister("pieces")
     if "marks" not in cells:
         cells["marks"] = np.zeros(len(cells["rank"]), dtype=np.int64)
+    pause()
     points = _singles(cur, series_id, pieces.singles())
     return block_math.cells(
         {
