@@ -43,6 +43,13 @@ BATCH, WORLD = 10_000, 512
 KEYS = ("train/loss", "optimizer/grad_norm", "perf/step_ms")
 
 
+def key_names(keys: int) -> list[list[str]]:
+    """``keys`` metric keys in events of three: ``KEYS`` first, then ``g<i>/...`` alike."""
+    if keys < 3 or keys % 3:
+        raise ValueError("--keys must be a multiple of 3")
+    return [list(KEYS)] + [[f"g{g}/{k.split('/')[1]}" for k in KEYS] for g in range(1, keys // 3)]
+
+
 def rss_mb(pid: int) -> float:
     """Resident memory of a process and its children, in MB."""
     total = 0
@@ -91,11 +98,14 @@ def soak(
     stores: dict[str, str] | None = None,
     polls: bool = True,
     preload: int = 0,
+    keys: int = 3,
 ) -> list[Interval]:
     intervals: list[Interval] = []
     run_id = f"soak-{uuid.uuid4().hex[:8]}"
+    groups = key_names(keys)  # a rank's step is one event per group of three keys
     if preload:  # the run as long as the soak would have made it, written before the start
-        load_store(workdir / "data", preload, env=stores, run_id=run_id, names=list(KEYS))
+        names = [name for group in groups for name in group]
+        load_store(workdir / "data", preload, env=stores, run_id=run_id, names=names)
     lock = threading.Lock()
     stop = threading.Event()
     env = {"HOME": str(workdir), **(stores or {})}
@@ -110,7 +120,7 @@ def soak(
         batches_per_second = rate / (3 * BATCH)
         start = time.monotonic()
         intervals.append(Interval(start))
-        first = -(-preload * WORLD // BATCH)  # the first batch past the preloaded steps
+        first = -(-preload * len(groups) * WORLD // BATCH)  # the first batch past the preload
         counter = iter(range(first, 10**12))
         # Each rank a spool writer: its events named "<its prefix>-<n>", n counting from 1.
         writers = [uuid.uuid4().hex for _ in range(WORLD)]
@@ -129,10 +139,10 @@ def soak(
                         time.sleep(due - time.monotonic())
                     events = [
                         {"event_id": f"{writers[n % WORLD]}-{n // WORLD + 1}", "request": {"method": "POST", "path": path,
-                         "body": {"metrics": {"train/loss": 1.0 / (n // WORLD + 1),
-                                              "optimizer/grad_norm": 2.5 + (n % 7) * 0.1,
-                                              "perf/step_ms": 31.0 + (n % WORLD) * 0.01},
-                                  "step": n // WORLD, "rank": n % WORLD, "world_size": WORLD}}}
+                         "body": {"metrics": dict(zip(groups[(n // WORLD) % len(groups)],
+                                                      (1.0 / (n // WORLD // len(groups) + 1),
+                                                       2.5 + (n % 7) * 0.1, 31.0 + (n % WORLD) * 0.01))),
+                                  "step": n // WORLD // len(groups), "rank": n % WORLD, "world_size": WORLD}}}
                         for n in range(b * BATCH, (b + 1) * BATCH)
                     ]  # fmt: skip
                     payload = orjson.dumps({"events": events})
@@ -215,9 +225,16 @@ def main() -> int:
         default=0,
         help="steps of the run written before the start (a late interval's store, sooner)",
     )
+    parser.add_argument(
+        "--keys",
+        type=int,
+        default=3,
+        help="metric keys, a multiple of 3 (the same points/s over more keys: shorter series)",
+    )
     args = parser.parse_args()
     print(
         f"soak: {args.minutes:g} min at {args.rate:,.0f} points/s, report every {args.interval:g} s"
+        + (f", {args.keys} keys" if args.keys != 3 else "")
         + (f", the run preloaded with {args.preload:,} steps" if args.preload else "")
     )
     with tempfile.TemporaryDirectory() as tmp:
@@ -228,6 +245,7 @@ def main() -> int:
             args.interval,
             polls=not args.no_poll,
             preload=args.preload,
+            keys=args.keys,
         )
     first, last = intervals[0], intervals[-1]
     print(f"\nRSS after the first interval {first.rss:.0f} MB, at the end {last.rss:.0f} MB:"
