@@ -18,7 +18,10 @@ through the stores before the server starts (~3 minutes for 110,000 steps, the l
 a 30-minute run at 96,000 points/s), and the soak goes on from step N: a late interval's
 store in a few minutes, to compare changes at the size where they matter (its points and
 aggregates; not the Idempotency-Keys that the soak's own events would have left).
-``tests/reliability/test_soak.py`` runs a short form.
+``--keys K`` spreads the same points/s over K keys (a multiple of 3; each event holds
+three, a rank's step one event per three keys): the polled key's series grows K/3 times
+slower, which tells the latencies' rise with time apart from their rise with the run's
+length. ``tests/reliability/test_soak.py`` runs a short form.
 """
 
 from __future__ import annotations

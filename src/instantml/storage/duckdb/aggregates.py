@@ -28,11 +28,30 @@ def insert_stats(engine: Engine, rows: dict[str, np.ndarray]) -> None:
         )
 
 
+def unscore(
+    engine: Engine,
+    steps: dict[str, np.ndarray],
+    tables: tuple[str, ...] = ("step_stats", "outlier_rows"),
+) -> None:
+    """Delete the rows of these (``series_id``, ``step``)s from each of ``tables``: steps to
+    be scored again. The steps' range lets zone maps skip the row groups outside it."""
+    low, high = int(steps["step"].min()), int(steps["step"].max())
+    for table in tables:
+        with engine.frame("rescored", steps) as (source, params):
+            engine.con.execute(
+                f"DELETE FROM {table} USING {source} WHERE {table}.series_id ="
+                f" rescored.series_id AND {table}.step = rescored.step"
+                f" AND {table}.step BETWEEN ? AND ?",
+                [*params, low, high],
+            )
+
+
 def recompute(engine: Engine, sid: int, steps: list[int]) -> None:
     """Reducers and scores of these steps of one series, from all their points."""
     con = engine.con
     where = {"sid": sid, "lo": steps[0], "hi": steps[-1]}
-    con.register("refresh_steps", {"step": np.array(steps, dtype=np.int64)})
+    listed = np.array(steps, dtype=np.int64)
+    con.register("refresh_steps", {"step": listed})
     try:
         # The range lets zone maps skip every row group outside the steps.
         points = con.execute(
@@ -41,19 +60,13 @@ def recompute(engine: Engine, sid: int, steps: list[int]) -> None:
             " AND step IN (SELECT step FROM refresh_steps)",
             where,
         ).fetchnumpy()
-        con.execute(
-            "DELETE FROM step_stats WHERE series_id = $sid AND step BETWEEN $lo AND $hi"
-            " AND step IN (SELECT step FROM refresh_steps)",
-            where,
-        )
-        for table in ("stale_steps", "outlier_rows"):
-            con.execute(
-                f"DELETE FROM {table} WHERE series_id = $sid AND step BETWEEN $lo AND $hi"
-                " AND step IN (SELECT step FROM refresh_steps)",
-                where,
-            )
     finally:
         con.unregister("refresh_steps")
+    unscore(
+        engine,
+        {"series_id": np.full(len(listed), sid, dtype=np.int32), "step": listed},
+        ("step_stats", "stale_steps", "outlier_rows"),
+    )
     if not len(points["step"]):
         return
     step_rows, delta, z, robust = step_stats(

@@ -145,6 +145,7 @@ class DuckDBPoints:
         # was scored whole in the last unit that wrote the series and has fewer points than
         # its world size.
         self._tails: dict[int, dict[str, np.ndarray]] = {}
+        self._tail_points = 0  # the points the tails hold, at most TAIL_POINTS
         self._staged = _Staged()
         engine.join(self)
 
@@ -324,12 +325,14 @@ class DuckDBPoints:
             else:
                 self._dirty.pop(sid, None)
         for sid, tail in staged.tails.items():
-            self._tails.pop(sid, None)  # a kept tail moves to the end: the newest
+            kept = self._tails.pop(sid, None)  # a kept tail moves to the end: the newest
+            if kept is not None:
+                self._tail_points -= len(kept["step"])
             if tail is not None:
                 self._tails[sid] = tail
-        held = sum(len(t["step"]) for t in self._tails.values())
-        while held > TAIL_POINTS:
-            held -= len(self._tails.pop(next(iter(self._tails)))["step"])
+                self._tail_points += len(tail["step"])
+        while self._tail_points > TAIL_POINTS:
+            self._tail_points -= len(self._tails.pop(next(iter(self._tails)))["step"])
         self._staged = _Staged()
 
     def rolled_back(self) -> None:
@@ -346,7 +349,13 @@ class DuckDBPoints:
         if rewrites:
             self._delete(rewrites)
         if staged.rescored:
-            self._unscore(staged.rescored)
+            aggregates.unscore(
+                self._engine,
+                {
+                    "series_id": np.array([sid for sid, _ in staged.rescored], dtype=np.int32),
+                    "step": np.array([step for _, step in staged.rescored], dtype=np.int64),
+                },
+            )
         frame = {name: np.concatenate([f[name] for f in frames]) for name in frames[0]}
         staged.frames = [frame]
         with engine.frame("rank_batch", frame) as (source, params):
@@ -486,22 +495,6 @@ class DuckDBPoints:
         out["series_id"] = np.full(len(steps), sid, dtype=np.int32)
         out["delta"], out["z"], out["robust_z"] = scores
         return out
-
-    def _unscore(self, steps: list[tuple[int, int]]) -> None:
-        """Delete the step rows and outlier rows of these (series, step)s, scored again."""
-        frame: dict[str, np.ndarray] = {
-            "series_id": np.array([sid for sid, _ in steps], dtype=np.int32),
-            "step": np.array([step for _, step in steps], dtype=np.int64),
-        }
-        low, high = int(frame["step"].min()), int(frame["step"].max())
-        for table in ("step_stats", "outlier_rows"):
-            with self._engine.frame("rescored", frame) as (source, params):
-                self._engine.con.execute(
-                    f"DELETE FROM {table} USING {source} WHERE {table}.series_id ="
-                    f" rescored.series_id AND {table}.step = rescored.step"
-                    f" AND {table}.step BETWEEN ? AND ?",
-                    [*params, low, high],
-                )
 
     def _delete(self, points: list[tuple[int, int, int]]) -> None:
         """Delete these (series, step, rank) points where they exist: a rewrite's old row."""
