@@ -16,8 +16,8 @@ def test_a_short_soak_answers_everything(
 ) -> None:
     stores = stores_env(tmp_path / "data")
     # The run starts 200 steps long, written through the stores (``--preload``), and the
-    # soak goes on from there.
-    intervals = soak(tmp_path, 30.0, 60_000.0, 10.0, log=False, stores=stores, preload=200)
+    # soak goes on from there, its events spread over two groups of three keys (``--keys``).
+    intervals = soak(tmp_path, 30.0, 60_000.0, 10.0, log=False, stores=stores, preload=200, keys=6)
     for number, interval in enumerate(intervals, 1):
         print(line(interval, number, 10.0))
     assert sum(iv.failures for iv in intervals) == 0
