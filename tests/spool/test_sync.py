@@ -483,3 +483,44 @@ def test_a_pass_while_a_writer_opens_its_segment_loses_nothing(
     with admin_client(server) as api:
         assert [p[0] for p in stored_rank_points(api, "opening", "loss")] == list(range(20))
     assert passes == [[]]  # the segment was not there to be seen before it was locked
+
+
+def test_until_done_drains_a_segment_made_as_it_finishes(
+    tmp_path: Path, start_server: Callable[..., ServerProcess], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The background uploader (``--until-done``) finishes the segments it saw just as
+    another rank makes its own: that rank saw the lock held and started no uploader, so
+    the one running must drain its segment before exiting. Seen in the demo under load:
+    one rank's uploader finished that rank's segment and exited, the other seven's stayed."""
+    from instantml.spool.uploader import Uploader
+
+    spool = tmp_path / "spool"
+    server = start_server()
+    uploader = Uploader(spool, server.url, server.admin_key)
+    first = im.init(
+        project="spool", run_id="first", upload_mode="spool", spool_dir=str(spool),
+        spool_uploader=False,
+    )  # fmt: skip
+    first.log_rank_metrics({"loss": 1.0}, step=0, rank=0, world_size=2)
+    first.finish()
+    drain = uploader.drain_once
+    late_started: list[bool] = []
+
+    def a_pass_then_a_rank_starts() -> int:
+        left = drain()
+        if left == 0 and not late_started:  # the pass that would end the drain
+            late_started.append(True)
+            late = im.init(project="spool", run_id="late", upload_mode="spool",
+                           spool_dir=str(spool))  # fmt: skip
+            for step in range(5):
+                late.log_rank_metrics({"loss": float(step)}, step=step, rank=1, world_size=2)
+            late.finish()
+        return left
+
+    monkeypatch.setattr(uploader, "drain_once", a_pass_then_a_rank_starts)
+    with uploader:
+        uploader.run(until_done=True)
+    assert late_started and segments.list_segments(spool) == []
+    with admin_client(server) as api:
+        assert [p[0] for p in stored_rank_points(api, "first", "loss")] == [0]
+        assert [p[0] for p in stored_rank_points(api, "late", "loss")] == list(range(5))

@@ -101,6 +101,31 @@ class Uploader:
             os.close(self._lock_fd)
             self._lock_fd = -1
 
+    def _handed_back(self) -> bool:
+        """``until_done`` with nothing left: release the lock, then look again; True when
+        a segment appeared and the lock was taken back (so the drain goes on).
+
+        A writer starts the background uploader only after its segment is listed, and not
+        when this one holds the lock. A segment made between this pass's listing and the
+        exit would have no uploader: its rank saw the lock held. Looked for after the
+        release, it is listed, or the rank that made it found the lock free and started
+        another uploader (which then holds the lock). Seen in the demo under load: a first
+        rank's uploader finished that rank's segment and exited as the other seven began."""
+        if self._lock_fd < 0:
+            return False
+        os.close(self._lock_fd)
+        self._lock_fd = -1
+        if not segments.list_segments(self.spool_dir):
+            return False
+        fd = os.open(self.spool_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False  # another uploader took the spool: the rest is its to drain
+        self._lock_fd = fd
+        return True
+
     def stop(self) -> None:
         """End the current pass as soon as possible (safe from a signal handler)."""
         self._stop.set()
@@ -122,6 +147,8 @@ class Uploader:
                     self.interrupted = remaining > 0 and not follow
                     break
                 if not follow and (not until_done or remaining == 0):
+                    if until_done and self._handed_back():
+                        continue
                     break
                 if self._stop.wait(poll):
                     self.interrupted = not follow
