@@ -491,7 +491,7 @@ def test_until_done_drains_a_segment_made_as_it_finishes(
     """The background uploader (``--until-done``) finishes the segments it saw just as
     another rank makes its own: that rank saw the lock held and started no uploader, so
     the one running must drain its segment before exiting. Seen in the demo under load:
-    one rank's uploader finished that rank's segment and exited, the other seven's stayed."""
+    an uploader delivered the one finished segment it saw and exited, seven others stayed."""
     from instantml.spool.uploader import Uploader
 
     spool = tmp_path / "spool"

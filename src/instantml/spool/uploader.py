@@ -109,8 +109,8 @@ class Uploader:
         when this one holds the lock. A segment made between this pass's listing and the
         exit would have no uploader: its rank saw the lock held. Looked for after the
         release, it is listed, or the rank that made it found the lock free and started
-        another uploader (which then holds the lock). Seen in the demo under load: a first
-        rank's uploader finished that rank's segment and exited as the other seven began."""
+        another uploader (which then holds the lock). Seen in the demo under load: an uploader
+        delivered the one finished segment it saw and exited as the other seven ranks began."""
         if self._lock_fd < 0:
             return False
         os.close(self._lock_fd)
