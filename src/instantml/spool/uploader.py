@@ -86,17 +86,25 @@ class Uploader:
 
     def __enter__(self) -> Uploader:
         self.spool_dir.mkdir(parents=True, exist_ok=True)
+        if not self._take_lock():
+            raise AlreadyRunning(f"another uploader is already syncing {self.spool_dir}")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._client.close()
+        self._release_lock()
+
+    def _take_lock(self) -> bool:
         fd = os.open(self.spool_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the kernel drops it if we die
         except BlockingIOError:
             os.close(fd)
-            raise AlreadyRunning(f"another uploader is already syncing {self.spool_dir}") from None
+            return False
         self._lock_fd = fd
-        return self
+        return True
 
-    def __exit__(self, *exc: object) -> None:
-        self._client.close()
+    def _release_lock(self) -> None:
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
@@ -113,18 +121,9 @@ class Uploader:
         delivered the one finished segment it saw and exited as the other seven ranks began."""
         if self._lock_fd < 0:
             return False
-        os.close(self._lock_fd)
-        self._lock_fd = -1
-        if not segments.list_segments(self.spool_dir):
-            return False
-        fd = os.open(self.spool_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return False  # another uploader took the spool: the rest is its to drain
-        self._lock_fd = fd
-        return True
+        self._release_lock()
+        # False when nothing is left, or another uploader took the spool (the rest is its).
+        return bool(segments.list_segments(self.spool_dir)) and self._take_lock()
 
     def stop(self) -> None:
         """End the current pass as soon as possible (safe from a signal handler)."""
