@@ -56,7 +56,7 @@ for _ in range(3):
     stores.points.summary_rows(sid, SummaryParams("k00"))
     took.append(time.perf_counter() - began)
 stores.close()
-print(json.dumps(took))
+print("TOOK", json.dumps(took))
 """
 
 
@@ -126,7 +126,7 @@ def main() -> int:
                     [sys.executable, "-c", READ, str(Path(tmp) / name)],
                     capture_output=True, text=True, check=True,
                 )  # fmt: skip
-                took = json.loads(out.stdout)
+                took = json.loads(out.stdout.rsplit("TOOK", 1)[1])  # after any progress bar
                 cold[name].append(took[0])
                 warm[name].extend(took[1:])
     for label, seen in (("cold", cold), ("warm", warm)):
