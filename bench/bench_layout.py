@@ -30,13 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench_summary import RANKS, value
-from instantml.server.bootstrap import bootstrap
-from instantml.server.commands import CreateRun, Envelope
-from instantml.server.service import WriteService
-from instantml.settings import ServerSettings
-from instantml.storage import open_stores
-from instantml.storage.records import RANK
+from bench_summary import RANKS, open_run, value
 
 UNIT_STEPS = 20
 
@@ -61,18 +55,7 @@ print("TOOK", json.dumps(took))
 
 
 def build(data: Path, keys: int, steps: int, grouped: bool) -> None:
-    settings = ServerSettings.from_env({}, data_dir=data)
-    data.mkdir(parents=True, exist_ok=True)
-    stores = open_stores(settings.metadata_url, settings.points_url)
-    bootstrap(settings, stores.tenancy)
-    org = stores.tenancy.org_id("default")
-    assert org is not None
-    WriteService(stores).apply([Envelope(CreateRun(org, "r", "bench", None, {}, [], {}))])
-    with stores.unit():
-        run = stores.runs.resolve(org, ["r"])["r"]
-        assert run is not None
-        sids = stores.runs.series_ids(run, RANK, [f"k{i:02d}" for i in range(keys)])
-        stores.runs.extend({run.seq: (RANKS, steps - 1)})
+    stores, sids = open_run(data, "r", [f"k{i:02d}" for i in range(keys)], steps)
     rng = np.random.default_rng(7)
     ranks = np.arange(RANKS)
     seq = 0

@@ -43,6 +43,7 @@ from instantml.server.process import ServerProcess
 from instantml.server.service import WriteService
 from instantml.settings import ServerSettings
 from instantml.storage import open_stores
+from instantml.storage.protocols import Stores
 from instantml.storage.records import RANK
 
 RANKS = 512
@@ -61,6 +62,27 @@ def value(step: int, rng: np.random.Generator) -> np.ndarray:
     return out
 
 
+def open_run(
+    data: Path, run_id: str, names: list[str], steps: int, env: dict[str, str] | None = None
+) -> tuple[Stores, list[int]]:
+    """The stores of a new data dir (bootstrapped) holding the run ``run_id`` of RANKS
+    ranks x ``steps`` steps, with a rank series per key of ``names``: the stores and the
+    series ids, for points written straight through them."""
+    settings = ServerSettings.from_env(env or {}, data_dir=data)
+    data.mkdir(parents=True, exist_ok=True)
+    stores = open_stores(settings.metadata_url, settings.points_url)
+    bootstrap(settings, stores.tenancy)
+    org = stores.tenancy.org_id("default")
+    assert org is not None
+    WriteService(stores).apply([Envelope(CreateRun(org, run_id, "bench", None, {}, [], {}))])
+    with stores.unit():
+        run = stores.runs.resolve(org, [run_id])[run_id]
+        assert run is not None
+        sids = list(stores.runs.series_ids(run, RANK, names))
+        stores.runs.extend({run.seq: (RANKS, steps - 1)})
+    return stores, sids
+
+
 def load_store(
     data: Path,
     steps: int,
@@ -74,21 +96,10 @@ def load_store(
     aggregates computed as at ingest), without HTTP: for runs that would take most of an
     hour to send. ``env``: the server's store settings (default: the data dir's file);
     ``names``: the keys (default: ``KEY`` and ``keys - 1`` others)."""
-    settings = ServerSettings.from_env(env or {}, data_dir=data)
-    data.mkdir(parents=True, exist_ok=True)
-    stores = open_stores(settings.metadata_url, settings.points_url)
-    bootstrap(settings, stores.tenancy)
-    org = stores.tenancy.org_id("default")
-    assert org is not None
-    WriteService(stores).apply([Envelope(CreateRun(org, run_id, "bench", None, {}, [], {}))])
+    stores, sids = open_run(
+        data, run_id, names or [KEY, *(f"other/k{i}" for i in range(1, keys))], steps, env
+    )
     rng = np.random.default_rng(42)
-    with stores.unit():
-        run = stores.runs.resolve(org, [run_id])[run_id]
-        assert run is not None
-        sids = stores.runs.series_ids(
-            run, RANK, names or [KEY, *(f"other/k{i}" for i in range(1, keys))]
-        )
-        stores.runs.extend({run.seq: (RANKS, steps - 1)})
     ranks = np.arange(RANKS)
     seq = 0
     for start in range(0, steps, chunk):
