@@ -13,11 +13,7 @@ achieved, the server's RSS (its decoding process included) at the interval's end
 median and max over the interval (sampled every 5 s), the
 write latency p50/p99, the summary latency p50/p99, and any failed request.
 ``--no-poll`` leaves the summary polls out (the memory is still sampled every 5 s): what
-the write latency does without them. The polls ask as the dashboard's refreshes do (``Cache-Control:
-max-age=30``: the server may answer with a summary it computed moments before, within
-its budget, server/recent.py); each interval also prints how many were computed for
-their poll and their p50. ``--fresh-polls`` asks for a summary computed for every poll
-(the code before answers every poll so). ``--preload N`` writes the run's first N steps
+the write latency does without them. ``--preload N`` writes the run's first N steps
 through the stores before the server starts (~3 minutes for 110,000 steps, the length of
 a 30-minute run at 96,000 points/s), and the soak goes on from step N: a late interval's
 store in a few minutes, to compare changes at the size where they matter (its points and
@@ -83,7 +79,6 @@ class Interval:
     start: float
     writes: list[float] = field(default_factory=list)  # seconds per batch
     reads: list[float] = field(default_factory=list)  # seconds per summary
-    computed: list[float] = field(default_factory=list)  # those computed for the poll
     points: int = 0
     failures: int = 0
     rss: float = 0.0  # at the interval's end
@@ -107,7 +102,6 @@ def soak(
     polls: bool = True,
     preload: int = 0,
     keys: int = 3,
-    max_age: int = 30,
 ) -> list[Interval]:
     intervals: list[Interval] = []
     run_id = f"soak-{uuid.uuid4().hex[:8]}"
@@ -171,9 +165,7 @@ def soak(
                         now.failures += 0 if ok else 1
 
         def reader() -> None:
-            # As the dashboard's refreshes ask (app.js): an answer up to max_age s old will do.
-            polling = {**headers, **({"Cache-Control": f"max-age={max_age}"} if max_age else {})}
-            with httpx.Client(base_url=server.url, headers=polling, timeout=120) as http:
+            with httpx.Client(base_url=server.url, headers=headers, timeout=120) as http:
                 while not stop.wait(5.0):
                     if not polls:  # memory still sampled every 5 s
                         with lock:
@@ -187,8 +179,6 @@ def soak(
                     with lock:
                         current().rss_seen.append(rss)
                         current().reads.append(took)
-                        if "age" not in answer.headers:
-                            current().computed.append(took)
                         current().failures += 0 if answer.status_code == 200 else 1
 
         threads = [threading.Thread(target=sender) for _ in range(2)]
@@ -218,7 +208,6 @@ def line(iv: Interval, number: int, interval: float) -> str:
         f" (median {pct(iv.rss_seen, 0.5):5.0f}, max {pct(iv.rss_seen, 1.0):5.0f})"
         f"  write p50 {pct(iv.writes, 0.5) * 1000:6.0f} ms p99 {pct(iv.writes, 0.99) * 1000:6.0f} ms"
         f"  summary p50 {pct(iv.reads, 0.5) * 1000:5.0f} ms p99 {pct(iv.reads, 0.99) * 1000:5.0f} ms"
-        f" (computed {len(iv.computed)} of {len(iv.reads)}, p50 {pct(iv.computed, 0.5) * 1000:.0f} ms)"
         f"  failures {iv.failures}"
     )
 
@@ -232,12 +221,6 @@ def main() -> int:
     parser.add_argument("--interval", type=float, default=300.0, help="seconds per report")
     parser.add_argument(
         "--no-poll", action="store_true", help="no summary polls (their cost's share of the rest)"
-    )
-    parser.add_argument(
-        "--fresh-polls",
-        action="store_true",
-        help="polls that accept no reused answer (no Cache-Control: max-age=30, as the"
-        " dashboard's refreshes send): every summary computed for its poll",
     )
     parser.add_argument(
         "--preload",
@@ -256,7 +239,6 @@ def main() -> int:
         f"soak: {args.minutes:g} min at {args.rate:,.0f} points/s, report every {args.interval:g} s"
         + (f", {args.keys} keys" if args.keys != 3 else "")
         + (f", the run preloaded with {args.preload:,} steps" if args.preload else "")
-        + (", fresh polls" if args.fresh_polls else "")
     )
     with tempfile.TemporaryDirectory() as tmp:
         intervals = soak(
@@ -267,7 +249,6 @@ def main() -> int:
             polls=not args.no_poll,
             preload=args.preload,
             keys=args.keys,
-            max_age=0 if args.fresh_polls else 30,
         )
     first, last = intervals[0], intervals[-1]
     print(f"\nRSS after the first interval {first.rss:.0f} MB, at the end {last.rss:.0f} MB:"

@@ -50,9 +50,6 @@ class ServerSettings:
     health: Thresholds = field(default_factory=Thresholds)
     # Requests a second per API key (bursts of twice that) before 429 "second"; 0: no limit.
     rate_limit: float = 2000.0
-    # A summary polled with Cache-Control: max-age may be answered with one computed up to
-    # this many times its own cost before (server/recent.py); 0: always computed afresh.
-    summary_reuse: float = 10.0
 
     @property
     def metadata_url(self) -> str:
@@ -118,16 +115,6 @@ class ServerSettings:
                 raise ValueError(f"INSTANTML_RATE_LIMIT must be a number, got {rate!r}") from None
             if not values["rate_limit"] >= 0:  # type: ignore[operator]
                 raise ValueError(f"INSTANTML_RATE_LIMIT must be >= 0, got {rate!r}")
-        reuse = env.get("INSTANTML_SUMMARY_REUSE", "").strip()
-        if reuse:
-            try:
-                values["summary_reuse"] = float(reuse)
-            except ValueError:
-                raise ValueError(
-                    f"INSTANTML_SUMMARY_REUSE must be a number, got {reuse!r}"
-                ) from None
-            if not values["summary_reuse"] >= 0:  # type: ignore[operator]
-                raise ValueError(f"INSTANTML_SUMMARY_REUSE must be >= 0, got {reuse!r}")
         max_body = _int_or_none(env.get("INSTANTML_MAX_BODY_BYTES"), "INSTANTML_MAX_BODY_BYTES")
         if max_body:
             values["max_body_bytes"] = max_body

@@ -201,33 +201,6 @@ def test_the_straggler_panel_names_the_rank(
     assert page.errors == []
 
 
-def test_a_live_runs_refreshes_accept_a_recent_summary_and_say_how_old(
-    page: Any, start_server: Any
-) -> None:
-    # A budget no test outlasts: what is reused follows from what the page asks alone.
-    server = start_server(env={"INSTANTML_SUMMARY_REUSE": "1000000"})
-    asked: list[str | None] = []
-    page.on(
-        "request",
-        lambda r: (
-            asked.append(r.headers.get("cache-control")) if "/distributed?" in r.url else None
-        ),
-    )
-    with httpx.Client(
-        base_url=server.url, headers={"Authorization": f"Bearer {server.admin_key}"}, timeout=30
-    ) as api:
-        run_id = ingest(api, [Point(s, r, 1.0, 1.0, r, 4) for s in range(20) for r in range(4)])
-        page.goto(f"{server.url}/?token={server.admin_key}#/runs/{run_id}/distributed")
-        page.wait_for_selector("main[data-ready=distributed]")
-        assert "as of" not in page.inner_text("#range")
-        # The second refresh (10 s on) gets the answer the first computed, 5 s old.
-        wait_until(page, "document.querySelector('#range')?.textContent.includes('as of')", 20)
-    assert asked[0] is None  # the user's own navigation: computed for it
-    assert set(asked[1:]) == {"max-age=30"}  # the automatic refreshes
-    assert page.inner_text("#range").startswith("steps 0\u201319")
-    assert page.errors == []
-
-
 def test_the_upload_health_panel(page: Any, server: ServerProcess, api: httpx.Client) -> None:
     # The public SDK's async uploader reports itself as system/instantml/* scalars at step =
     # unix time: a small panel with the latest report, a warning when it falls behind, and

@@ -23,7 +23,6 @@ from .batch_decoder import BatchDecoder, default_processes
 from .guardrail import UsagePolicy
 from .memory import HeapTrimmer
 from .ratelimit import RateLimiter
-from .recent import RecentAnswers
 from .responses import JSONResponse
 from .routes import admin, health, ingest, metrics, runs, summary
 from .service import WriteService
@@ -54,7 +53,6 @@ def create_app(settings: ServerSettings, stores: Stores | None = None) -> FastAP
             decoder=decoder,
             monitor=monitor,
             limiter=RateLimiter(settings.rate_limit),
-            recent=RecentAnswers(settings.summary_reuse),
             settings=settings,
             stores=opened,
             keys=KeyRing(opened.tenancy),

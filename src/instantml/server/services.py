@@ -17,7 +17,6 @@ from .auth import KeyRing
 from .batch_decoder import BatchDecoder
 from .errors import ApiError
 from .ratelimit import RateLimiter
-from .recent import RecentAnswers
 from .service import WriteService
 from .upload_order import UploadOrder
 from .writer import GroupCommitter
@@ -34,7 +33,6 @@ class Services:
     decoder: BatchDecoder  # large /api/ingest batches, decoded in another process
     monitor: HealthMonitor  # run-health detectors, fed the runs each unit wrote to
     limiter: RateLimiter  # short-term requests per API key
-    recent: RecentAnswers  # summary answers kept for the dashboard's polls
 
 
 def services(request: Request) -> Services:

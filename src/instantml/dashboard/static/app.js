@@ -5,7 +5,6 @@
 
 const KEY_STORE = "instantml-api-key";
 const REFRESH_MS = 5000;
-const REFRESH_MAX_AGE_S = 30;  // the oldest summary a refresh accepts (the server budgets it too)
 const NONFINITE_COLOUR = "#e11d48";  // not in Viridis: a NaN cell never reads as a value
 const main = document.getElementById("main");
 let refreshTimer = null;
@@ -48,18 +47,11 @@ function apiKey() { return localStorage.getItem(KEY_STORE); }
 
 class AuthError extends Error {}
 
-// maxAge: how old an answer may be (Cache-Control: max-age, for the automatic refreshes of
-// a live run's summary: the server may answer one it computed moments before, and says
-// how old in an Age header, kept as body.ageSeconds).
-async function api(path, { maxAge = 0 } = {}) {
-  const headers = { Authorization: `Bearer ${apiKey()}` };
-  if (maxAge) headers["Cache-Control"] = `max-age=${maxAge}`;
-  const response = await fetch(path, { headers });
+async function api(path) {
+  const response = await fetch(path, { headers: { Authorization: `Bearer ${apiKey()}` } });
   if (response.status === 401) throw new AuthError("invalid API key");
   const body = await response.json();
   if (!response.ok) throw new Error(body.error || `HTTP ${response.status}`);
-  const age = Number(response.headers.get("Age"));
-  if (age > 0) body.ageSeconds = age;
   return body;
 }
 
@@ -204,7 +196,7 @@ function healthBanner(run, health) {
 
 // ---------- run page ----------
 
-async function showRun(runId, tab, params, refresh = false) {
+async function showRun(runId, tab, params) {
   const [{ run }, { keys }, health] = await Promise.all([
     api(`/runs/${encodeURIComponent(runId)}`), api(`/api/runs/${encodeURIComponent(runId)}/keys`),
     api(`/api/runs/${encodeURIComponent(runId)}/health`),
@@ -223,7 +215,7 @@ async function showRun(runId, tab, params, refresh = false) {
   const body = el("div");
   const banner = healthBanner(run, health);
   main.replaceChildren(...(banner ? [head, banner] : [head]), tabs, body);
-  if (tab === "distributed") await showDistributed(run, rankKeys, params, body, refresh);
+  if (tab === "distributed") await showDistributed(run, rankKeys, params, body);
   else await showOverview(run, scalarKeys, body);
   if (run.status === "running") {
     refreshTimer = setTimeout(() => route({ refresh: true }), REFRESH_MS);
@@ -301,7 +293,7 @@ async function uploadHealth(run, healthKeys) {
 
 // ---------- the Distributed tab ----------
 
-async function showDistributed(run, rankKeys, params, body, refresh = false) {
+async function showDistributed(run, rankKeys, params, body) {
   if (!rankKeys.length) {
     body.append(el("p", { class: "muted", text: "This run has no per-rank metrics yet." }));
     main.dataset.ready = "distributed";
@@ -315,7 +307,7 @@ async function showDistributed(run, rankKeys, params, body, refresh = false) {
   // Straggler scores of a timing key: the selected one if it is one, else perf/forward_ms.
   const timingKey = /^perf\/.*_ms$/.test(key) ? key : rankKeys.includes("perf/forward_ms") ? "perf/forward_ms" : null;
   const [s, strag] = await Promise.all([
-    api(`/api/runs/${encodeURIComponent(run.id)}/distributed?${query}`, { maxAge: refresh ? REFRESH_MAX_AGE_S : 0 }),
+    api(`/api/runs/${encodeURIComponent(run.id)}/distributed?${query}`),
     timingKey ? api(`/api/runs/${encodeURIComponent(run.id)}/stragglers?${new URLSearchParams({ key: timingKey })}`) : null,
   ]);
   const hashParams = new URLSearchParams({ key });
@@ -333,8 +325,7 @@ async function showDistributed(run, rankKeys, params, body, refresh = false) {
   const range = s.step_range ? `steps ${s.step_range[0]}–${s.step_range[1]}` : "no steps in range";
   body.append(el("div", { class: "toolbar" }, el("label", { text: "metric " }, select), reset,
     el("span", { class: "muted", id: "range", text: `${range} · world size ${s.world_size}` +
-      (s.bucket_size > 1 ? ` · ${s.bucket_size} steps per point (drag on a chart to zoom)` : " · drag on a chart to zoom") +
-      (s.ageSeconds ? ` · as of ${s.ageSeconds} s ago` : "") })));
+      (s.bucket_size > 1 ? ` · ${s.bucket_size} steps per point (drag on a chart to zoom)` : " · drag on a chart to zoom") })));
 
   if (s.first_nonfinite) {
     const f = s.first_nonfinite;
@@ -472,7 +463,7 @@ async function route({ refresh = false } = {}) {
   }
   const { parts, params } = parseHash();
   try {
-    if (parts[0] === "runs" && parts[1]) await showRun(parts[1], parts[2] === "distributed" ? "distributed" : "overview", params, refresh);
+    if (parts[0] === "runs" && parts[1]) await showRun(parts[1], parts[2] === "distributed" ? "distributed" : "overview", params);
     else await showRuns(params);
   } catch (error) {
     if (token !== renderToken) return;

@@ -6,7 +6,6 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
 from starlette.concurrency import run_in_threadpool
-from starlette.responses import Response
 
 from ...storage.records import RANK, ApiKeyRecord
 from ...summary import SummaryParams
@@ -14,7 +13,6 @@ from ...summary.assemble import assemble
 from ...summary.stragglers import DEFAULT_KEY, DEFAULT_WINDOW, THRESHOLD, scores
 from ..commands import Envelope, Refresh
 from ..errors import ApiError
-from ..recent import max_age
 from ..responses import JSONResponse
 from ..services import Services, require, services
 
@@ -56,12 +54,9 @@ async def distributed(
     heatmap_steps: Annotated[int, Query(ge=1, le=2_000)] = 200,
     z: Annotated[float, Query(gt=0, le=1e6)] = 3.0,
     outlier_limit: Annotated[int, Query(ge=0, le=10_000)] = 100,
-) -> Response:
+) -> JSONResponse:
     """Reducers across ranks per step, coverage, rank x step heatmap, outliers and the
-    per-rank rollup of one key (default: the first key in sorted order). With
-    ``Cache-Control: max-age=N`` (the dashboard's refreshes) the answer may be one
-    computed for the same question up to N seconds before, within a budget
-    (server/recent.py); it then says its age in an ``Age`` header."""
+    per-rank rollup of one key (default: the first key in sorted order)."""
     found = services(request)
     points = found.stores.points
     keys, metric, sid = await _rank_series(found, key.org_id, run_id, metric)
@@ -71,12 +66,6 @@ async def distributed(
         )
     except ValueError as exc:
         raise ApiError(422, str(exc)) from None
-    accepted = max_age(request.headers.get("cache-control"))
-    question = (key.org_id, run_id, params)
-    if accepted > 0 and (kept := found.recent.get(question, accepted)) is not None:
-        body, age = kept
-        return Response(body, media_type="application/json", headers={"Age": str(int(age))})
-    began = found.recent.clock()
     # Answer with every point committed before the request: stale aggregates are brought
     # up to date first, by the writer (the only thread that writes).
     if await run_in_threadpool(points.needs_refresh, sid):
@@ -86,10 +75,7 @@ async def distributed(
     rows = await run_in_threadpool(points.summary_rows, sid, params, found.writer.wait_quiet)
     # Rendered straight by orjson: the answer is already plain data, and validating a
     # 100k-cell heatmap as ``dict[str, Any]`` would cost more than reading it.
-    answer = JSONResponse({"run_id": run_id, "key": metric, "keys": keys, **assemble(rows, params)})
-    if accepted > 0:
-        found.recent.put(question, bytes(answer.body), began, found.recent.clock() - began)
-    return answer
+    return JSONResponse({"run_id": run_id, "key": metric, "keys": keys, **assemble(rows, params)})
 
 
 @router.get("/api/runs/{run_id}/stragglers")
