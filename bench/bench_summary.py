@@ -72,15 +72,22 @@ def open_run(
     data.mkdir(parents=True, exist_ok=True)
     stores = open_stores(settings.metadata_url, settings.points_url)
     bootstrap(settings, stores.tenancy)
+    seq, sids = new_run(stores, run_id, names)
+    with stores.unit():
+        stores.runs.extend({seq: (RANKS, steps - 1)})
+    return stores, sids
+
+
+def new_run(stores: Stores, run_id: str, names: list[str]) -> tuple[int, list[int]]:
+    """The run ``run_id`` created in the default org, with a rank series per key of
+    ``names``: the run's seq and the series ids."""
     org = stores.tenancy.org_id("default")
     assert org is not None
     WriteService(stores).apply([Envelope(CreateRun(org, run_id, "bench", None, {}, [], {}))])
     with stores.unit():
         run = stores.runs.resolve(org, [run_id])[run_id]
         assert run is not None
-        sids = list(stores.runs.series_ids(run, RANK, names))
-        stores.runs.extend({run.seq: (RANKS, steps - 1)})
-    return stores, sids
+        return run.seq, list(stores.runs.series_ids(run, RANK, names))
 
 
 def load_store(

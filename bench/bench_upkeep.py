@@ -24,26 +24,18 @@ from pathlib import Path
 
 import numpy as np
 
+from bench_summary import new_run
 from instantml.server.bootstrap import bootstrap
-from instantml.server.commands import CreateRun, Envelope
-from instantml.server.service import WriteService
 from instantml.settings import ServerSettings
 from instantml.storage import open_stores
 from instantml.storage.protocols import Stores
-from instantml.storage.records import RANK
 from instantml.summary import SummaryParams
 
 RANKS, PER_UNIT, RUN = 512, 20, "bench-upkeep"
 
 
 def _series(stores: Stores, keys: int) -> list[int]:
-    org = stores.tenancy.org_id("default")
-    assert org is not None
-    WriteService(stores).apply([Envelope(CreateRun(org, RUN, "bench", None, {}, [], {}))])
-    with stores.unit():
-        run = stores.runs.resolve(org, [RUN])[RUN]
-        assert run is not None
-        return list(stores.runs.series_ids(run, RANK, [f"k{i}" for i in range(keys)]))
+    return new_run(stores, RUN, [f"k{i}" for i in range(keys)])[1]
 
 
 def _columns(
