@@ -50,6 +50,16 @@ class ServerSettings:
     health: Thresholds = field(default_factory=Thresholds)
     # Requests a second per API key (bursts of twice that) before 429 "second"; 0: no limit.
     rate_limit: float = 2000.0
+    # Where users reach the dashboard (INSTANTML_PUBLIC_URL), for the links in webhook
+    # posts; None: the server's own address.
+    public_url_setting: str | None = None
+
+    @property
+    def public_url(self) -> str:
+        if self.public_url_setting:
+            return self.public_url_setting.rstrip("/")
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
 
     @property
     def metadata_url(self) -> str:
@@ -87,6 +97,7 @@ class ServerSettings:
             "port": int(env.get("INSTANTML_PORT", "8765")),
             "metadata_url_setting": env.get("INSTANTML_METADATA_URL") or None,
             "points_url_setting": env.get("INSTANTML_POINTS_URL") or None,
+            "public_url_setting": env.get("INSTANTML_PUBLIC_URL") or None,
             "monthly_metric_points": _int_or_none(
                 env.get("INSTANTML_MONTHLY_METRIC_POINTS"), "INSTANTML_MONTHLY_METRIC_POINTS"
             ),

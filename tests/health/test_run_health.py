@@ -11,7 +11,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -22,6 +22,10 @@ from instantml.server.process import ServerProcess
 
 SECRET = "test-secret"
 WORLD = 8
+# Ranks here stop at once, in one process that posts every rank's points: no upload lag to
+# wait out, so a short lag keeps the tests quick (tests/health/test_real_jobs.py has the
+# default's real timing).
+QUICK = {"INSTANTML_HEALTH": '{"lag_seconds": 1}'}
 
 
 class Receiver:
@@ -30,6 +34,7 @@ class Receiver:
 
     def __init__(self) -> None:
         self.posts: list[tuple[dict[str, str], bytes]] = []
+        self.times: list[float] = []  # when each post arrived
         self.mode = "up"
         self.hang = 30.0
         self.release = threading.Event()  # ends every hang (at close)
@@ -47,6 +52,7 @@ class Receiver:
                     return
                 with receiver.lock:
                     receiver.posts.append((dict(self.headers.items()), body))
+                    receiver.times.append(time.time())
                 self.send_response(200)
                 self.end_headers()
 
@@ -66,13 +72,6 @@ class Receiver:
         self.release.set()
         self.server.shutdown()
         self.server.server_close()  # joins the handlers, closing their sockets
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    found = Receiver()
-    yield found
-    found.close()
 
 
 def _api(server: ServerProcess) -> httpx.Client:
@@ -144,7 +143,7 @@ def _signed(headers: dict[str, str], body: bytes) -> bool:
 def test_alerts_open_deliver_once_and_resolve(
     start_server: Callable[..., ServerProcess], receiver: Receiver
 ) -> None:
-    server = start_server()
+    server = start_server(env=QUICK)
     with _api(server) as api:
         hook = _hook(api, receiver.url)
         assert hook["secret"] == SECRET and set(hook["kinds"]) >= {"rank_missing", "straggler"}
@@ -186,7 +185,8 @@ def test_alerts_open_deliver_once_and_resolve(
             assert _signed(headers, body)
         (delivered,) = receiver.alerts(missing)
         assert delivered["alert"]["kind"] == "rank_missing" and "rank 3" in delivered["text"]
-        assert delivered["run"] == {"id": missing, "project": "health", "name": None}
+        url = f"{server.url}/#/runs/{missing}/distributed?step_min=0&step_max=100"
+        assert delivered["run"] == {"id": missing, "project": "health", "name": None, "url": url}
 
         # Rank 3 comes back: the alert resolves, and is not posted again.
         for step in range(53, 56):
@@ -201,7 +201,7 @@ def test_an_alert_raised_before_a_sigkill_is_delivered_after_restart(
     start_server: Callable[..., ServerProcess], receiver: Receiver, tmp_path: Any
 ) -> None:
     data = tmp_path / "data"
-    server = start_server(data)
+    server = start_server(data, env=QUICK)
     receiver.mode = "down"  # the first attempts fail: the alert waits in the outbox
     with _api(server) as api:
         _hook(api, receiver.url)
@@ -213,7 +213,7 @@ def test_an_alert_raised_before_a_sigkill_is_delivered_after_restart(
     server.proc.kill()
     server.proc.wait()
     receiver.mode = "up"
-    restarted = start_server(data)
+    restarted = start_server(data, env=QUICK)
     with _api(restarted) as api:
         _wait("delivery after restart", lambda: receiver.alerts(run), seconds=60)
         time.sleep(3)  # retries that were due would have come by now
@@ -224,7 +224,7 @@ def test_an_alert_raised_before_a_sigkill_is_delivered_after_restart(
 def test_a_hanging_receiver_does_not_hold_up_ingest(
     start_server: Callable[..., ServerProcess], receiver: Receiver
 ) -> None:
-    server = start_server()
+    server = start_server(env=QUICK)
     receiver.mode, receiver.hang = "hang", 30.0
     with _api(server) as api:
         _hook(api, receiver.url)
@@ -249,7 +249,7 @@ def test_a_hanging_receiver_does_not_hold_up_ingest(
 def test_webhook_urls_are_admin_only_and_http(
     start_server: Callable[..., ServerProcess], receiver: Receiver
 ) -> None:
-    server = start_server()
+    server = start_server(env=QUICK)
     with _api(server) as api:
         for url in ("file:///etc/passwd", "ftp://example.com/x", "gopher://h/", "not a url", 3):
             response = api.post("/api/webhooks", json={"url": url})
@@ -274,7 +274,7 @@ def test_webhook_urls_are_admin_only_and_http(
 def test_a_runs_own_thresholds(start_server: Callable[..., ServerProcess]) -> None:
     import instantml as im
 
-    server = start_server()
+    server = start_server(env=QUICK)
     run = im.init(
         project="health", run_id=f"own-{uuid.uuid4().hex[:8]}", upload_mode="sync",
         api_key=server.admin_key, base_url=server.url, health={"missing_steps": 8},
@@ -309,7 +309,7 @@ def test_a_run_with_many_keys_is_read_in_turn(start_server: Callable[..., Server
     """150 keys (more than one look reads): a burst on the last key is found though the
     points come in one batch and no more follow (the run is looked at until every key is
     read), and its alert is not resolved by the looks that read other keys."""
-    server = start_server()
+    server = start_server(env=QUICK)
     keys = [f"k{i:03d}" for i in range(150)]
     with _api(server) as api:
         run = _run(api, "many")

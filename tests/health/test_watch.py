@@ -12,7 +12,7 @@ from collections.abc import Callable
 import httpx
 
 from instantml.server.process import ServerProcess
-from tests.health.test_run_health import WORLD, _api, _open, _run, _step, _wait
+from tests.health.test_run_health import QUICK, WORLD, _api, _open, _run, _step, _wait
 
 
 def _watch(server: ServerProcess, *args: str) -> subprocess.Popen[str]:
@@ -38,7 +38,7 @@ def _missing(api: httpx.Client, run: str, rank: int, steps: range) -> None:
 def test_watch_prints_alerts_as_they_come_and_exits_as_a_script_needs(
     start_server: Callable[..., ServerProcess],
 ) -> None:
-    server = start_server()
+    server = start_server(env=QUICK)
     with _api(server) as api:
         # Watching a live run that only ever fails on stragglers: a rank goes missing and
         # comes back (printed both times), then the run finishes: exit 0.
@@ -79,9 +79,26 @@ def test_watch_prints_alerts_as_they_come_and_exits_as_a_script_needs(
         watcher = _watch(server, failed)
         _, err = watcher.communicate(timeout=30)
         assert watcher.returncode == 1 and "ended failed" in err
-        watcher = _watch(server, "no-such-run")
+        watcher = _watch(server, "no-such-run", "--timeout", "1")
         _, err = watcher.communicate(timeout=30)
-        assert watcher.returncode == 2 and "404" in err
+        assert watcher.returncode == 2 and "not created within 1 s" in err, err
         watcher = _watch(server, fired, "--fail-on", "rank_gone")
         _, err = watcher.communicate(timeout=30)
         assert watcher.returncode == 2 and "unknown kind rank_gone" in err
+
+
+def test_watch_started_before_its_run_waits_for_it(
+    start_server: Callable[..., ServerProcess],
+) -> None:
+    """A job script starts the watch, then the job: the run is created seconds later."""
+    server = start_server(env=QUICK)
+    with _api(server) as api:
+        later = "later-" + str(time.time_ns())
+        watcher = _watch(server, later, "--fail-on", "rank_missing", "--timeout", "60")
+        time.sleep(2.0)
+        assert watcher.poll() is None  # still waiting, not "404"
+        assert api.post("/runs", json={"project": "health", "id": later}).status_code == 201
+        _missing(api, later, 3, range(4))
+        out, err = watcher.communicate(timeout=30)
+        assert watcher.returncode == 3, (out, err)
+        assert "does not exist yet" in err and "rank_missing rank 3" in out

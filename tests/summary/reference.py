@@ -43,6 +43,30 @@ def _mean_or_none(values: list[float]) -> float | None:
     return float(np.mean(values)) if values else None
 
 
+# The MAD's small-sample consistency factors (Croux and Rousseeuw 1992), n = 2..9.
+_C = {2: 1.196, 3: 1.495, 4: 1.363, 5: 1.206, 6: 1.200, 7: 1.140, 8: 1.129, 9: 1.107}
+
+
+def robust_spreads(latest: dict[tuple[int, int], Point]) -> dict[int, float]:
+    """Per step of the key (every step, whatever the range asked): sigma_ref, the median of
+    the robust spreads 1.4826 c_n MAD of its last 64 steps up to and including it that
+    have at least 2 finite values (NaN before any has)."""
+    values: dict[int, list[float]] = defaultdict(list)
+    for (step, _), p in latest.items():
+        if math.isfinite(p.value):
+            values[step].append(p.value)
+    qualifying: list[float] = []
+    out: dict[int, float] = {}
+    for step in sorted({s for s, _ in latest}):
+        v = values.get(step, [])
+        if len(v) >= 2:
+            n = len(v)
+            mad = float(np.median(np.abs(np.array(v) - np.median(v))))
+            qualifying.append(1.4826 * (_C[n] if n < 10 else n / (n - 0.8)) * mad)
+        out[step] = float(np.median(qualifying[-64:])) if qualifying else math.nan
+    return out
+
+
 def reference(
     writes: list[Point],
     step_min: int | None = None,
@@ -67,6 +91,7 @@ def reference(
     # NaN and +-inf are marks: a report (coverage), never a value (reducers, scores, cells).
     stats: dict[int, dict[str, Any]] = {}
     scores: dict[tuple[int, int], tuple[float, float, float]] = {}
+    reference_spread = robust_spreads(latest)
     for s in steps:
         every = sorted(by_step[s], key=lambda p: p.rank)
         ps = [p for p in every if math.isfinite(p.value)]
@@ -89,6 +114,11 @@ def reference(
         p05, p50, p95 = (float(x) for x in np.percentile(v, [5, 50, 95]))
         ad = np.abs(v - p50)
         mad, mean_ad = float(np.median(ad)), float(ad.mean())
+        n = len(v)
+        sigma = 1.4826 * (_C.get(n, 1.0) if n < 10 else n / (n - 0.8)) * mad
+        scale = (
+            max(sigma, reference_spread[s]) if reference_spread[s] == reference_spread[s] else sigma
+        )
         entry.update(
             {
                 "mean": mean,
@@ -104,8 +134,8 @@ def reference(
         for p in ps:
             delta = p.value - mean
             zs = delta / std if std > 0 else 0.0
-            if mad > 0:
-                robust = 0.6745 * (p.value - p50) / mad
+            if scale > 0:
+                robust = (p.value - p50) / scale
             elif mean_ad > 0:
                 robust = 0.7979 * (p.value - p50) / mean_ad
             else:
@@ -136,13 +166,15 @@ def reference(
     for group in _groups(steps, size):
         rows = [stats[s] for s in group]
         valued = [r for r in rows if r["count"]]
+        # The least-covered step: fewest count + nonfinite, the earliest on ties.
+        least = min(rows, key=lambda r: r["count"] + r["nonfinite"])
         lo_v = min((r["min"] for r in valued), default=None)
         hi_v = max((r["max"] for r in valued), default=None)
         step_rows.append(
             {
                 "step": group[0],
                 "step_end": group[-1],
-                "count": min(r["count"] for r in rows),
+                "count": least["count"],
                 "expected": max(r["expected"] for r in rows),
                 **{
                     k: _mean_or_none([r[k] for r in valued])
@@ -151,7 +183,8 @@ def reference(
                 "min": lo_v,
                 "max": hi_v,
                 "range": None if lo_v is None or hi_v is None else hi_v - lo_v,
-                "nonfinite": sum(r["nonfinite"] for r in rows),
+                "nonfinite": least["nonfinite"],
+                "nonfinite_total": sum(r["nonfinite"] for r in rows),
             }
         )
 
@@ -199,6 +232,9 @@ def reference(
                 "mean_abs_z": float(np.mean([abs(scores[k][1]) for k in keys])) if keys else 0.0,
                 "outlier_steps": sum(is_outlier(k) for k in keys),
                 "nonfinite_steps": len(reports) - len(keys),
+                "first_nonfinite_step": next(
+                    (s for s, _ in reports if not math.isfinite(latest[(s, r)].value)), None
+                ),
             }
         )
     marks = sorted((p.step, p.rank) for p in points if not math.isfinite(p.value))

@@ -17,9 +17,10 @@ ENV_HELP = (
 class CliError(Exception):
     """What went wrong, in one line for the terminal (printed as ``error: ...``)."""
 
-    def __init__(self, message: str, code: int = 1) -> None:
+    def __init__(self, message: str, code: int = 1, status: int | None = None) -> None:
         super().__init__(message)
         self.code = code
+        self.status = status  # the server's HTTP status, when it answered one
 
 
 def base_url() -> str:
@@ -54,5 +55,8 @@ def call(method: str, path: str, timeout: float = 60.0, **kwargs: Any) -> dict[s
         )
     if response.status_code >= 300:
         hint = "; check INSTANTML_API_KEY" if response.status_code in (401, 403) else ""
-        raise CliError(f"{response.status_code} from {url}: {body['error']}{hint}")
+        raise CliError(
+            f"{response.status_code} from {url}: {body['error']}{hint}",
+            status=response.status_code,
+        )
     return body

@@ -17,6 +17,14 @@ def _when(timestamp: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
 
 
+def _status(run: dict[str, Any]) -> str:
+    """The status, with the ranks that never finished ("finished, 1 rank lost")."""
+    lost = len(run.get("ranks_lost") or [])
+    if not lost:
+        return str(run["status"])
+    return f"{run['status']}, {lost} rank{'s' if lost > 1 else ''} lost"
+
+
 def runs(args: argparse.Namespace) -> int:
     params: dict[str, Any] = {"limit": args.limit}
     if args.project:
@@ -26,7 +34,7 @@ def runs(args: argparse.Namespace) -> int:
         (
             r["id"],
             r["project"],
-            r["status"],
+            _status(r),
             "-" if r["world_size"] is None else str(r["world_size"]),
             "-" if r["last_step"] is None else str(r["last_step"]),
             _when(r["updated_at"]),

@@ -2,8 +2,9 @@
 scripts and schedulers (DESIGN.md, "Run health").
 
 Exit codes: 3 when an alert of a ``--fail-on`` kind is open; 0 when the run finishes with
-none open; 1 when the run ends failed or crashed; 2 on ``--timeout`` or an error (no such
-run, no server, a bad key)."""
+none open; 1 when the run ends failed or crashed; 2 on ``--timeout`` or an error (no
+server, a bad key). A run that does not exist yet is waited for (a job script starts the
+watch before the job), until ``--timeout``."""
 
 from __future__ import annotations
 
@@ -38,11 +39,33 @@ def _line(verb: str, alert: dict[str, Any]) -> str:
     )
 
 
+def _until_it_exists(args: argparse.Namespace, deadline: float | None) -> bool:
+    """Wait for the run to be created; False when ``--timeout`` came first."""
+    run = quote(args.run_id, safe="")
+    said = False
+    while True:
+        try:
+            call("GET", f"/runs/{run}")
+            return True
+        except CliError as exc:
+            if exc.status != 404:
+                raise
+        if not said:
+            print(f"run {args.run_id} does not exist yet: waiting for it", file=sys.stderr)
+            said = True
+        if deadline is not None and time.monotonic() >= deadline:
+            print(f"run {args.run_id}: not created within {args.timeout:g} s", file=sys.stderr)
+            return False
+        time.sleep(args.interval)
+
+
 def watch(args: argparse.Namespace) -> int:
     run = quote(args.run_id, safe="")
     deadline = None if args.timeout is None else time.monotonic() + args.timeout
     shown: dict[str, bool] = {}  # alert id -> resolved, as last printed
     try:
+        if not _until_it_exists(args, deadline):
+            return TIMED_OUT
         while True:
             health = call("GET", f"/api/runs/{run}/health")
             for alert in health["alerts"]:
@@ -78,7 +101,8 @@ def add_command(commands: Any) -> None:
         help="print a run's health alerts as they come; exit 3 when one of --fail-on fires",
         description="Print a run's health alerts as they open and resolve. Exit 3 when an"
         " alert of a --fail-on kind is open, 0 when the run finishes with none, 1 when it ends"
-        " failed or crashed, 2 on --timeout or an error.",
+        " failed or crashed, 2 on --timeout or an error. A run that does not exist yet is"
+        " waited for.",
         epilog=ENV_HELP,
     )
     parser.add_argument("run_id", help="the run (`instantml runs` lists them)")

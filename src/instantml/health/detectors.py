@@ -7,11 +7,12 @@ repeated while open. ``rank_missing`` has no key (its identity uses ``""``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..storage.records import SEEN_RESOLUTION, RankActivity
 from ..summary.step_stats import step_stats
 from ..summary.stragglers import scores
 from .thresholds import Thresholds
@@ -55,13 +56,22 @@ def status(kinds: Sequence[str]) -> str:
 
 
 def rank_missing(
-    windows: Sequence[KeyWindow], th: Thresholds, now: float, known_last: Mapping[int, int]
+    windows: Sequence[KeyWindow],
+    th: Thresholds,
+    now: float,
+    activity: Mapping[int, RankActivity],
+    known_last: Mapping[int, int],
+    first_after: Callable[[int | None], int | None],
+    waiting: set[int] | None = None,
 ) -> list[Finding]:
-    """Ranks below the world size of the latest step absent from ``missing_steps``
-    consecutive steps that other ranks reported, or silent ``silent_seconds`` while others
-    log. ``since_step`` is the first step after the rank's last report at which any rank
-    reported; ``known_last``: ranks' last steps seen before this window (for a rank absent
-    from all of it)."""
+    """Ranks below the world size of the latest step that are missing: outpaced by
+    ``missing_steps`` steps that other ranks reported AND quiet (nothing received from
+    them, by ``activity``, for ``lag_seconds``; a rank that never reported counts from the
+    run's first point); or silent ``silent_seconds`` while others send; or unfinished, and
+    quiet, when every other rank finished. A rank that is behind but sending (upload lag, a
+    slow rank) is never missing. ``since_step``: the first step after the rank's last report
+    at which any rank reported (``first_after``, from the stored points, for a rank whose
+    last report is before the windows); ``known_last``: ranks' last steps seen before."""
     windows = [w for w in windows if len(w.step)]
     if not windows:
         return []
@@ -72,39 +82,61 @@ def rank_missing(
     latest = steps.max()
     world = int(sizes[steps == latest].max())
     reported, first = np.unique(steps, return_index=True)  # each step's first point
-
-    def first_seen(step: int) -> float:
-        at = int(np.searchsorted(reported, step))
-        return float(stamps[first[at]]) if at < len(reported) and reported[at] == step else now
-
     inside = ranks < world
     last = np.full(world, -1, dtype=np.int64)
     np.maximum.at(last, ranks[inside], steps[inside])
-    last_ts = np.full(world, -np.inf)
-    np.maximum.at(last_ts, ranks[inside], stamps[inside])
-    # The latest report of the other ranks: the top one's, or the runner-up's for the top.
-    top = int(np.argmax(last_ts))
-    runner_up = np.delete(last_ts, top).max() if world > 1 else -np.inf
+    started = min((a.first_seen for a in activity.values()), default=now)
+    heard = {r: a.last_seen for r, a in activity.items()}
+    # A rank's last_seen is kept to SEEN_RESOLUTION: quiet only past that much more.
+    quiet_after = th.lag_seconds + SEEN_RESOLUTION
     found = []
     for rank in range(world):
         seen: int | None = int(last[rank]) if last[rank] >= 0 else known_last.get(rank)
         after = reported if seen is None else reported[reported > seen]
-        if len(after) >= th.missing_steps:
-            since = int(after[0]) if seen is None or seen >= reported[0] - 1 else seen + 1
+        quiet = now - heard.get(rank, started)
+        others = [at for r, at in heard.items() if r != rank and r < world]
+        lately = max(others, default=-np.inf)
+        mine = activity.get(rank)
+        unfinished = (
+            mine is not None
+            and mine.finished_at is None
+            and bool(others)
+            and all(activity[r].finished_at is not None for r in activity if r != rank)
+        )
+        behind = len(after) >= th.missing_steps or unfinished
+        if waiting is not None and behind and quiet < quiet_after:
+            waiting.add(rank)
+        if len(after) >= th.missing_steps and quiet >= quiet_after:
             where = "never reported" if seen is None else f"last reported step {seen}"
-            message = (
-                f"rank {rank} is missing: {where}; {len(after)} steps reported by other ranks"
-                f" since (from step {since})"
-            )
-            found.append(Finding("rank_missing", rank, None, since, first_seen(since), message))
+            reason = f"{where}; {len(after)} steps reported by other ranks since"
+        elif mine is not None and quiet >= th.silent_seconds and now - lately < th.silent_seconds:
+            reason = f"silent for {quiet:.0f} s while other ranks send"
+        elif unfinished and quiet >= quiet_after:
+            reason = "it did not finish; every other rank did"
+        else:
             continue
-        others = runner_up if rank == top else last_ts[top]
-        silent = now - last_ts[rank]
-        if last[rank] >= 0 and silent >= th.silent_seconds and now - others < th.silent_seconds:
-            since = int(after[0]) if len(after) else int(last[rank]) + 1
-            message = f"rank {rank} is missing: silent for {silent:.0f} s while other ranks log"
-            found.append(Finding("rank_missing", rank, None, since, float(last_ts[rank]), message))
+        if seen is not None and len(after) and seen >= reported[0]:
+            since: int | None = int(after[0])
+        else:
+            since = first_after(seen)
+        if since is None:
+            since = 0 if seen is None else seen + 1
+        at = int(np.searchsorted(reported, since))
+        stamp = float(stamps[first[at]]) if at < len(reported) and reported[at] == since else now
+        message = f"rank {rank} is missing from step {since}: {reason}"
+        found.append(Finding("rank_missing", rank, None, since, stamp, message))
     return found
+
+
+def ranks_lost(activity: Mapping[int, RankActivity], th: Thresholds, now: float) -> list[int]:
+    """Ranks that sent points and never finished the run while others did (and have been
+    quiet for ``lag_seconds``, so a finish still on its way does not count)."""
+    if not any(a.finished_at is not None for a in activity.values()):
+        return []
+    quiet = th.lag_seconds + SEEN_RESOLUTION
+    return sorted(
+        r for r, a in activity.items() if a.finished_at is None and now - a.last_seen >= quiet
+    )
 
 
 def last_steps(windows: Sequence[KeyWindow]) -> dict[int, int]:
@@ -129,15 +161,14 @@ def _recent(window: KeyWindow, steps: int) -> np.ndarray:
 
 def outlier_bursts(window: KeyWindow, th: Thresholds) -> list[Finding]:
     """Ranks with |robust_z| >= ``burst_z`` in at least ``burst_steps`` of the key's last
-    ``burst_window`` steps."""
+    ``burst_window`` steps; robust_z as the summary scores it, its reference spread from
+    the window's steps (``REFERENCE_STEPS`` of them before the burst window when read)."""
     if not len(window.step):
         return []
+    _, _, _, robust = step_stats(window.step, window.value, window.weight, window.world_size)
     sel = _recent(window, th.burst_window)
     step, rank = window.step[sel], window.rank[sel]
-    _, _, _, robust = step_stats(
-        step, window.value[sel], window.weight[sel], window.world_size[sel]
-    )
-    hit = np.abs(np.nan_to_num(robust, nan=0.0)) >= th.burst_z
+    hit = np.abs(np.nan_to_num(robust[sel], nan=0.0)) >= th.burst_z
     found = []
     for r in np.unique(rank[hit]).tolist():
         mine = hit & (rank == r)
@@ -153,21 +184,23 @@ def outlier_bursts(window: KeyWindow, th: Thresholds) -> list[Finding]:
     return found
 
 
-def non_finite(window: KeyWindow, th: Thresholds) -> list[Finding]:
-    """Ranks with a NaN or +-inf value of the key among its last ``burst_window`` steps;
-    ``since_step``: the first of them."""
-    if not len(window.step):
-        return []
-    sel = _recent(window, th.burst_window) & ~np.isfinite(window.value)
+def non_finite(
+    window: KeyWindow, firsts: Mapping[int, tuple[int, float]], stamp: float
+) -> list[Finding]:
+    """Ranks with a NaN or +-inf value of the key: ``firsts``, each rank's first such step
+    and value (from the stored points, however far behind the window it was uploaded)."""
     found = []
-    for r in np.unique(window.rank[sel]).tolist():
-        mine = sel & (window.rank == r)
-        since = int(window.step[mine].min())
-        value = float(window.value[mine & (window.step == since)][0])
-        message = f"rank {r}: {window.key} is {value} at step {since}"
-        stamp = float(window.ts[mine & (window.step == since)][0])
-        found.append(Finding("non_finite", r, window.key, since, stamp, message))
+    for r, (since, value) in sorted(firsts.items()):
+        at = (window.rank == r) & (window.step == since)
+        when = float(window.ts[at][0]) if at.any() else stamp
+        message = f"rank {r}: {window.key} is {value} at step {since} (its first non-finite value)"
+        found.append(Finding("non_finite", r, window.key, since, when, message))
     return found
+
+
+def nonfinite_ranks(window: KeyWindow) -> set[int]:
+    """The ranks with a non-finite value of the key in the window."""
+    return set(np.unique(window.rank[~np.isfinite(window.value)]).tolist())
 
 
 def stragglers(
@@ -177,18 +210,20 @@ def stragglers(
     th: Thresholds,
     now: float,
 ) -> list[Finding]:
-    """Ranks whose straggler score on a timing key, over the window ``span`` of steps,
-    is below ``straggler_score``."""
-    if span is None or len(medians) < 2:
+    """Ranks whose straggler score on a timing key, over the window ``span`` of steps, is
+    below ``straggler_score``: judged only among ranks with ``straggler_min_steps``
+    samples in the window, and only when a rank's median is ``straggler_min_ms`` above
+    the fastest's (a few samples, or sub-millisecond gaps, say nothing)."""
+    if span is None:
         return []
-    scored = scores(medians, th.straggler_score)
+    scored = scores(medians, th.straggler_score, th.straggler_min_steps, th.straggler_min_ms)
     found = []
     for row in scored["ranks"]:
         if row["straggler"]:
             message = (
                 f"rank {row['rank']} is a straggler on {key}: median {row['median']:.3g} ms"
                 f" against the fastest rank's {scored['reference']:.3g} ms (score"
-                f" {row['score']:.2f} over steps {span[0]}-{span[1]})"
+                f" {row['score']:.2f} over steps {span[0]}-{span[1]}, {row['steps']} samples)"
             )
             found.append(Finding("straggler", int(row["rank"]), key, span[1], now, message))
     return found

@@ -10,15 +10,18 @@ rank key's last steps (``window_points``: the steps since the last evaluation, a
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
+from urllib.parse import quote, urlencode
 
 from ..storage.health_sql import new_id
 from ..storage.protocols import Stores
 from ..storage.records import RANK, AlertRecord, RunRecord
+from ..summary.step_stats import REFERENCE_STEPS
 from ..summary.stragglers import is_timing_key
 from . import detectors
 from .detectors import Finding, KeyWindow
@@ -37,14 +40,24 @@ LOOK_SHARE, MAX_GAP = 0.1, 1.5
 ATTRIBUTE_TYPE, ATTRIBUTE_PREFIX = "health", "health/"  # as server/writes.py checks them
 
 
-def webhook_body(alert: AlertRecord, run: RunRecord) -> dict[str, Any]:
+def alert_url(base: str, alert: AlertRecord) -> str:
+    """The dashboard's Distributed tab at the alert's key and step, from ``base`` (the
+    server's public address)."""
+    query: dict[str, str | int] = {"key": alert.key} if alert.key else {}
+    query.update(step_min=max(0, alert.since_step - 50), step_max=alert.since_step + 50)
+    where = f"#/runs/{quote(alert.run_id, safe='')}/distributed?{urlencode(query)}"
+    return f"{base.rstrip('/')}/{where}"
+
+
+def webhook_body(alert: AlertRecord, run: RunRecord, base: str) -> dict[str, Any]:
     """What a webhook is posted: Slack's ``text``, the alert as the health API gives it,
-    and the run."""
+    and the run with the dashboard link to the alert's rank and step."""
     where = f"{run.project}/{run.name or run.run_id}"
+    url = alert_url(base, alert)
     return {
-        "text": f":rotating_light: InstantML run {where}: {alert.kind} - {alert.message}",
+        "text": f":rotating_light: InstantML run {where}: {alert.kind} - {alert.message} <{url}>",
         "alert": alert.to_json(),
-        "run": {"id": run.run_id, "project": run.project, "name": run.name},
+        "run": {"id": run.run_id, "project": run.project, "name": run.name, "url": url},
     }
 
 
@@ -65,8 +78,10 @@ class HealthMonitor:
         interval: float = 0.5,
         clock: Callable[[], float] = time.time,
         pause: Callable[[], None] | None = None,
+        public_url: str = "http://127.0.0.1:8765",
     ) -> None:
         self._stores = stores
+        self._public_url = public_url
         # Called before each look's reads (the server's: wait, bounded, for the writes in
         # flight; reads yield to writes).
         self._pause = pause
@@ -75,6 +90,9 @@ class HealthMonitor:
         self._interval = interval
         self._clock = clock
         self._dirty: set[tuple[int, str]] = set()
+        self._nonfinite: set[tuple[int, str]] = set()  # runs given a non-finite value since
+        # (run, rank, last step) -> the first step after it (a rank behind the windows).
+        self._next_after: dict[tuple[int, str, int | None], int | None] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -86,13 +104,20 @@ class HealthMonitor:
         # Keys not read since the run's latest step last moved: the run is looked at again
         # until none are left, though no more points come (its last ones may hold a burst).
         self._unread: dict[tuple[int, str], int] = {}
+        # Runs with a rank that is behind but not yet quiet for lag_seconds: looked at
+        # again though no points come (the others may have ended).
+        self._waiting: set[tuple[int, str]] = set()
         self._thread = threading.Thread(target=self._run, name="instantml-health", daemon=True)
         self._thread.start()
 
-    def touched(self, runs: Iterable[tuple[int, str]]) -> None:
-        """These runs got points (called by the writer thread: cheap)."""
+    def touched(
+        self, runs: Iterable[tuple[int, str]], nonfinite: Iterable[tuple[int, str]] = ()
+    ) -> None:
+        """These runs got points, these non-finite ones (called by the writer thread:
+        cheap)."""
         with self._lock:
             self._dirty.update(runs)
+            self._nonfinite.update(nonfinite)
         self._wake.set()
 
     def close(self) -> None:
@@ -117,7 +142,7 @@ class HealthMonitor:
                     log.exception("evaluating the health of run %s", run[1])
                     with self._lock:
                         self._dirty.add(run)
-                if self._unread.get(run, 0) > 0:
+                if self._unread.get(run, 0) > 0 or run in self._waiting:
                     with self._lock:
                         self._dirty.add(run)
                 self._cost[run] = time.monotonic() - now
@@ -160,17 +185,30 @@ class HealthMonitor:
         if th.enabled:
             findings, looked = self._findings(ident, run, series, th, now)
         open_alerts = stores.health.alerts(org_id, run_id, open_only=True)
-        held = {alert.ident for alert in open_alerts}
+        held = {alert.ident: alert for alert in open_alerts}
         found = {finding.ident for finding in findings}
         new = [_alert(org_id, run_id, f, now) for f in findings if f.ident not in held]
+        # An open alert follows its finding's first step (late points move it).
+        moved = [
+            dataclasses.replace(
+                held[f.ident], since_step=f.since_step, since_time=f.since_time, message=f.message
+            )
+            for f in findings
+            if f.ident in held and held[f.ident].since_step != f.since_step
+        ]
         gone = [
             alert.alert_id
             for alert in open_alerts
-            if alert.ident not in found and (looked is None or alert.key in looked or not alert.key)
+            if alert.ident not in found
+            and alert.kind != "non_finite"  # a value that was stored stays so
+            and (looked is None or alert.key in looked or not alert.key)
         ]
-        if not new and not gone:
+        if not new and not gone and not moved:
             return []
-        opened = stores.health.change(new, gone, now, lambda alert: webhook_body(alert, run))
+        base = self._public_url
+        opened = stores.health.change(
+            new, gone, now, lambda alert: webhook_body(alert, run, base), moved
+        )
         if opened and self._on_opened is not None:
             self._on_opened()
         return opened
@@ -185,7 +223,9 @@ class HealthMonitor:
     ) -> tuple[list[Finding], set[str] | None]:
         latest = run.last_step or 0
         since_last = latest - self._last_step.get(ident, latest)
-        span = min(MAX_WINDOW, max(MIN_WINDOW, since_last + th.missing_steps + th.burst_window))
+        # The burst window's steps with REFERENCE_STEPS before them: robust_z's reference.
+        least = max(MIN_WINDOW, REFERENCE_STEPS + th.burst_window + th.missing_steps)
+        span = min(MAX_WINDOW, max(least, since_last + th.missing_steps + th.burst_window))
         span = -(-span // MIN_WINDOW) * MIN_WINDOW  # a few sizes: a store keeps each's floor
         points = self._stores.points
         windows = []
@@ -206,19 +246,57 @@ class HealthMonitor:
             looked = {key for _, key in ranked}
         if self._pause is not None and ranked:
             self._pause()
+        with self._lock:
+            flagged = ident in self._nonfinite
+            self._nonfinite.discard(ident)
+        alerted = {
+            (a.rank, a.key)
+            for a in self._stores.health.alerts(*ident, open_only=True)
+            if a.kind == "non_finite"
+        }
         for sid, key in ranked:
             columns = points.window_points(sid, span)
             window = KeyWindow(key, **columns)
             windows.append(window)
             findings += detectors.outlier_bursts(window, th)
-            findings += detectors.non_finite(window, th)
+            fresh = {r for r in detectors.nonfinite_ranks(window) if (r, key) not in alerted}
+            # Each rank's first non-finite value is looked up where it is stored when one
+            # came (a late upload lands before the window) or the window shows a new one.
+            if flagged or fresh:
+                findings += detectors.non_finite(window, points.first_nonfinite(sid), now)
             if is_timing_key(key):
                 steps, medians = points.window_medians(sid, th.straggler_window)
                 findings += detectors.stragglers(key, steps, medians, th, now)
+        activity = self._stores.runs.rank_activity(*ident)
         known = self._known_last.setdefault(ident, {})
-        findings += detectors.rank_missing(windows, th, now, known)
-        for rank, step in detectors.last_steps(windows).items():
+        in_windows = detectors.last_steps(windows)
+        absent = [r for r in activity if r not in in_windows and r not in known]
+        if absent and ranked:  # e.g. after a restart: where they were last seen
+            for sid, _ in ranked:
+                for rank, step in points.last_steps_of(sid, absent).items():
+                    known[rank] = max(step, known.get(rank, -1))
+        sids = [sid for sid, _ in ranked]
+        waiting: set[int] = set()
+        findings += detectors.rank_missing(
+            windows, th, now, activity, known, lambda seen: self._first_after(ident, sids, seen),
+            waiting,
+        )  # fmt: skip
+        if waiting:
+            self._waiting.add(ident)
+        else:
+            self._waiting.discard(ident)
+        for rank, step in in_windows.items():
             if step > known.get(rank, -1):
                 known[rank] = step
         self._last_step[ident] = latest
         return findings, looked
+
+    def _first_after(self, ident: tuple[int, str], sids: list[int], seen: int | None) -> int | None:
+        """The first step after ``seen`` at which any rank reported any of these keys."""
+        slot = (*ident, seen)
+        if slot not in self._next_after:
+            if len(self._next_after) > 65_536:
+                self._next_after.clear()
+            found = [self._stores.points.next_step(sid, seen) for sid in sids]
+            self._next_after[slot] = min((f for f in found if f is not None), default=None)
+        return self._next_after[slot]

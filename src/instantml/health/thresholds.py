@@ -15,13 +15,22 @@ from typing import Any
 @dataclass(frozen=True, slots=True)
 class Thresholds:
     enabled: bool = True
-    # rank_missing: absent from this many consecutive steps that other ranks reported...
+    # How long a rank may go without sending anything before being behind counts against
+    # it: live, ranks upload at different moments (async batches, a spool uploader's
+    # round-robin), so a healthy rank is often a few steps behind for a few seconds.
+    lag_seconds: float = 15.0
+    # rank_missing: outpaced by this many steps that other ranks reported (and quiet for
+    # lag_seconds)...
     missing_steps: int = 3
-    # ...or silent this long (seconds, by the points' timestamps) while others log.
+    # ...or nothing received from it this long while others send.
     silent_seconds: float = 60.0
-    # straggler: NVRx-style score below this on a perf/*_ms key over the window of steps.
+    # straggler: NVRx-style score below this on a perf/*_ms key over the window of steps,
+    # judged only from straggler_min_steps samples of each rank compared and medians at
+    # least straggler_min_ms apart.
     straggler_score: float = 0.75
     straggler_window: int = 200
+    straggler_min_steps: int = 20
+    straggler_min_ms: float = 1.0
     # outlier_burst: |robust_z| >= burst_z in at least burst_steps of a key's last
     # burst_window steps, for one rank.
     burst_z: float = 3.5
@@ -39,7 +48,7 @@ class Thresholds:
 
 
 _FIELDS = {f.name: f.type for f in dataclasses.fields(Thresholds)}
-_INTS = {"missing_steps", "straggler_window", "burst_steps", "burst_window"}
+_INTS = {"missing_steps", "straggler_window", "straggler_min_steps", "burst_steps", "burst_window"}
 
 
 def check(name: str, value: Any, where: str) -> Any:

@@ -58,6 +58,7 @@ class Run:
         self._deferred = Deferred()  # calls holding GPU values, until their copies are done
         self._pending = self._deferred.queue
         self._clock = StepClock()
+        self._ranks_logged: set[int] = set()  # which rank finishes (one, or none is said)
         self.finished = False
 
     @property
@@ -99,6 +100,8 @@ class Run:
             local_rank = self._local_rank
         context = validation.rank_context(rank, world_size, local_rank)
         checked = (validation.step(step), *context, validation.weight(weight))
+        if len(self._ranks_logged) < 2:
+            self._ranks_logged.add(context[0])
         stamp = time.time() if timestamp is None else timestamp
         if self._pending or ("torch" in _MODULES and holds_cuda(metrics)):
             self._deferred.resolve()
@@ -225,9 +228,13 @@ class Run:
         limit = self._finish_timeout if timeout is None else timeout
         try:
             self._deferred.resolve(wait=True)
-            self._sink.submit(
-                "PATCH", f"/runs/{quote(self.run_id)}", {"status": validation.run_status(status)}
-            )
+            body: dict[str, Any] = {"status": validation.run_status(status)}
+            # The rank that finishes, when this process is one rank (the server tells a
+            # rank that never finished from one that did by it).
+            ranks = self._ranks_logged or ({self._rank} if self._rank is not None else set())
+            if len(ranks) == 1:
+                body["rank"] = next(iter(ranks))
+            self._sink.submit("PATCH", f"/runs/{quote(self.run_id)}", body)
         finally:
             delivered = self._sink.close(limit)
         return delivered

@@ -45,8 +45,9 @@ def create_app(settings: ServerSettings, stores: Stores | None = None) -> FastAP
         )
         deliverer = Deliverer(opened.health)
         monitor = HealthMonitor(
-            opened, settings.health, on_opened=deliverer.wake, pause=writer.wait_quiet
-        )
+            opened, settings.health, on_opened=deliverer.wake, pause=writer.wait_quiet,
+            public_url=settings.public_url,
+        )  # fmt: skip
         service.on_points = monitor.touched
         trimmer = HeapTrimmer()
         app.state.services = Services(

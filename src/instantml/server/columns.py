@@ -5,6 +5,7 @@ write path."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from itertools import chain
 from typing import Any
@@ -25,6 +26,9 @@ class RankColumns:
         self.chunks: dict[int, list[dict[str, np.ndarray]]] = {}
         self.rows: dict[int, list[tuple[Any, ...]]] = {}
         self.extents: dict[int, tuple[int, int]] = {}  # run seq -> (world size, last step)
+        self.ranks: dict[int, set[int]] = {}  # run seq -> the ranks that sent points
+        # Runs given a non-finite value (the health monitor looks for its first step).
+        self.nonfinite: set[tuple[int, str]] = set()
         self.seq = 0
 
     def extend(self, run: RunRef, world_size: int, last_step: int) -> None:
@@ -80,6 +84,9 @@ class RankColumns:
             for j, sid in enumerate(series_ids(run, RANK, keys)):
                 self.chunks.setdefault(sid, []).append(dict(picked, value=values[:, j]))
             self.extend(run, int(picked["world_size"].max()), int(picked["step"].max()))
+            self.ranks.setdefault(run.seq, set()).update(np.unique(picked["rank"]).tolist())
+            if not np.isfinite(values).all():
+                self.nonfinite.add((write.org_id, run_id))
 
     def add(self, write: WriteRankPoints, run: RunRef, series_ids: SeriesIds) -> None:
         """One request's points, as rows (turned into columns by :meth:`take`)."""
@@ -93,6 +100,9 @@ class RankColumns:
                  write.timestamp, seq)
             )  # fmt: skip
         self.extend(run, write.world_size, write.step)
+        self.ranks.setdefault(run.seq, set()).add(write.rank)
+        if not all(map(math.isfinite, write.metrics.values())):
+            self.nonfinite.add((write.org_id, write.run_id))
 
     def take(self) -> dict[int, list[dict[str, np.ndarray]]]:
         """Everything added, as column sets by series."""

@@ -18,6 +18,7 @@ class PatchRun:
     org_id: int
     run_id: str
     status: str
+    rank: int | None = None  # our SDK says which rank finishes; the public SDK does not
 
 
 @dataclass(slots=True)

@@ -41,7 +41,10 @@ PATCH_RUN = body(
     {
         "type": "object",
         "required": ["status"],
-        "properties": {"status": {"enum": ["running", "finished", "failed", "crashed"]}},
+        "properties": {
+            "status": {"enum": ["running", "finished", "failed", "crashed"]},
+            "rank": {"type": "integer", "minimum": 0, "description": "the rank that finishes"},
+        },
     }
 )
 SCALARS = body(

@@ -65,8 +65,8 @@ class WriteService:
         self._last_prune = float("-inf")
         self._maintain_after = float("-inf")
         # Told, after each committed unit, the (org, run id) of the runs it wrote rank
-        # points to (the run-health monitor).
-        self.on_points: Callable[[set[tuple[int, str]]], None] | None = None
+        # points to, and of those given a non-finite value (the run-health monitor).
+        self.on_points: Callable[[set[tuple[int, str]], set[tuple[int, str]]], None] | None = None
 
     def apply(self, envelopes: list[Envelope]) -> list[Answer]:
         """Apply in order in one unit of work; one answer per envelope (a RankEvents
@@ -82,7 +82,7 @@ class WriteService:
                 raise
             return [self._apply_alone(envelope) for envelope in envelopes]
         if group.touched and self.on_points is not None:
-            self.on_points(group.touched)
+            self.on_points(group.touched, group.points.nonfinite)
         self._prune()
         return result
 
@@ -194,6 +194,9 @@ class _Group:
         if run is None:
             return answers.unknown_run(write.run_id)
         if isinstance(write, PatchRun):
+            if write.rank is not None and write.status != "running":
+                runs.finish_rank(run, write.rank, self.now)
+                self.touched.add((write.org_id, write.run_id))  # others may be left behind
             return answers.run(runs.set_status(run, write.status))
         if isinstance(write, WriteAttributes):
             runs.add_attributes(run, write.attributes, write.timestamp)
@@ -305,6 +308,8 @@ class _Group:
             stores.points.write_scalars(self.scalars)
         if self.points.extents:
             stores.runs.extend(self.points.extents)
+        if self.points.ranks:
+            stores.runs.saw_ranks(self.points.ranks, self.now)
         self._record()
 
     def _record(self) -> None:

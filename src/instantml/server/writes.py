@@ -116,9 +116,12 @@ def create_run(org_id: int, body: dict[str, Any]) -> CreateRun:
 def patch_run(org_id: int, run_id: str, body: dict[str, Any]) -> PatchRun:
     try:
         status = validation.run_status(_required(body, "status"))
+        rank = body.get("rank")
+        if rank is not None:
+            rank = validation.rank_context(rank, validation.MAX_WORLD_SIZE, None)[0]
     except (TypeError, ValueError) as exc:
         raise bad_input(exc) from None
-    return PatchRun(org_id=org_id, run_id=run_id, status=status)
+    return PatchRun(org_id=org_id, run_id=run_id, status=status, rank=rank)
 
 
 def _values(body: dict[str, Any]) -> dict[str, float]:

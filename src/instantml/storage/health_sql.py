@@ -98,10 +98,13 @@ class SqlHealth:
         resolved: Sequence[str],
         resolved_at: float,
         body: Callable[[AlertRecord], dict[str, Any]],
+        moved: Sequence[AlertRecord] = (),
     ) -> list[AlertRecord]:
         """In one transaction: open these alerts (each unless one of its identity is open:
-        the opened ones are returned), resolve these (by id), and queue one delivery of
-        each opened alert (``body(alert)``) to every webhook of its org that takes its kind."""
+        the opened ones are returned), resolve these (by id), move open ones to the first
+        step (and message) given in ``moved`` (by id; never posted again), and queue one
+        delivery of each opened alert (``body(alert)``) to every webhook of its org that
+        takes its kind."""
         done: list[AlertRecord] = []
         with self.transaction() as execute:
             for alert in opened:
@@ -124,6 +127,12 @@ class SqlHealth:
                             " attempts, next_at) VALUES (%s, %s, %s, %s, 0, %s)",
                             [new_id("dlv"), webhook_id, alert.alert_id, text, alert.opened_at],
                         )
+            for alert in moved:
+                execute(
+                    "UPDATE alerts SET since_step = %s, since_time = %s, message = %s"
+                    " WHERE alert_id = %s AND resolved_at IS NULL",
+                    [alert.since_step, alert.since_time, alert.message, alert.alert_id],
+                )
             for alert_id in resolved:
                 execute(
                     "UPDATE alerts SET resolved_at = %s WHERE alert_id = %s"

@@ -23,6 +23,7 @@ from .records import (
     ApiKeyRecord,
     Delivery,
     Keys,
+    RankActivity,
     RunRecord,
     RunRef,
     RunSpec,
@@ -122,6 +123,18 @@ class Runs(Protocol):
 
     def extend(self, extents: Mapping[int, tuple[int, int]]) -> None:
         """*In a unit*: raise runs' (world size, last step) to at least these, by run seq."""
+        ...
+
+    def saw_ranks(self, ranks: Mapping[int, Iterable[int]], at: float) -> None:
+        """*In a unit*: these ranks (by run seq) sent rank points at ``at``."""
+        ...
+
+    def finish_rank(self, run: RunRef, rank: int, at: float) -> None:
+        """*In a unit*: the rank finished the run at ``at``."""
+        ...
+
+    def rank_activity(self, org_id: int, run_id: str) -> dict[int, RankActivity]:
+        """What each rank of the run sent, by rank (ranks that sent nothing absent)."""
         ...
 
 
@@ -226,16 +239,35 @@ class PointStore(Protocol):
         ...
 
     def window_medians(
-        self, series_id: int, window: int
+        self, series_id: int, window: int, step_max: int | None = None
     ) -> tuple[tuple[int, int] | None, dict[int, tuple[float, int]]]:
-        """Over the series' last ``window`` steps: their (first, last) step (None when the
-        series has none), and per rank the median of its finite values and how many steps
-        it reported."""
+        """Over the series' last ``window`` steps (up to ``step_max``): their (first, last)
+        step (None when the series has none), and per rank the median of its finite values
+        and how many steps it reported."""
         ...
 
     def window_points(self, series_id: int, steps: int) -> dict[str, np.ndarray]:
         """The series' points over its last ``steps`` steps: columns ``step``, ``rank``,
         ``value``, ``weight``, ``world_size``, ``ts`` (one row per (step, rank))."""
+        ...
+
+    def next_step(self, series_id: int, after: int | None) -> int | None:
+        """The series' first step after ``after`` at which any rank reported (its first
+        step when None); None when there is none."""
+        ...
+
+    def last_steps_of(
+        self, series_id: int, ranks: list[int], before: int | None = None
+    ) -> dict[int, int]:
+        """Each of these ranks' last step in the series, before ``before`` when given
+        (ranks with none absent)."""
+        ...
+
+    def first_nonfinite(
+        self, series_id: int, lo: int = 0, hi: int = 2**63 - 1
+    ) -> dict[int, tuple[int, float]]:
+        """Per rank with a non-finite value in the series (in steps ``lo``-``hi``): its
+        first such step and value."""
         ...
 
 
@@ -257,6 +289,7 @@ class HealthStore(Protocol):
         resolved: Sequence[str],
         resolved_at: float,
         body: Callable[[AlertRecord], dict[str, Any]],
+        moved: Sequence[AlertRecord] = (),
     ) -> list[AlertRecord]:
         """Open alerts (each unless one of its identity is open; returns those opened),
         resolve others (by id), and queue the opened ones' webhook deliveries: one

@@ -306,6 +306,22 @@ class AlertRecord:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class RankActivity:
+    """What the server received from one rank of a run, by its own clock (not the points'
+    timestamps, which say when a value was logged): when it first and last sent rank
+    points (``last_seen`` kept to within ``SEEN_RESOLUTION``), and when it finished the run
+    (None until then; only our SDK says which rank finishes)."""
+
+    first_seen: float
+    last_seen: float
+    finished_at: float | None
+
+
+# A rank's ``last_seen`` is rewritten at most this often: a unit a second per rank at most.
+SEEN_RESOLUTION = 0.5
+
+
 @dataclass(slots=True)
 class WebhookRecord:
     webhook_id: str

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from ..storage.records import SummaryRows
 
 _MEANED = ("mean", "weighted_mean", "std", "p05", "p50", "p95")
-_INT_FIELDS = ("step", "step_end", "count", "expected", "nonfinite")
+_INT_FIELDS = ("step", "step_end", "count", "expected", "nonfinite", "nonfinite_total")
 _FLOAT_FIELDS = (
     "mean", "weighted_mean", "min", "max", "range", "std", "p05", "p50", "p95"
 )  # fmt: skip
@@ -47,6 +47,7 @@ def assemble(rows: SummaryRows, params: SummaryParams) -> dict[str, Any]:
             # stray call with a larger world_size, or an elastic job that shrank, lists no
             # phantom ranks.
             "missing": missing_ranks(int(expected[-1]), steps.tolist(), last_step_of_rank),
+            "lagging": [],  # live runs: the server's reading, by when it heard from ranks
         },
         "heatmap": _heatmap(steps, first, rows.heat_size, rows.cells),
         "outliers": [
@@ -81,7 +82,7 @@ def empty(world_size: int) -> dict[str, Any]:
         "step_range": None,
         "bucket_size": 1,
         "steps": [],
-        "coverage": {"full_steps": 0, "partial_steps": 0, "missing": []},
+        "coverage": {"full_steps": 0, "partial_steps": 0, "missing": [], "lagging": []},
         "heatmap": {"ranks": [], "buckets": [], "values": [], "nonfinite": []},
         "outliers": [],
         "outliers_total": 0,
@@ -96,24 +97,32 @@ def _floats(values: np.ndarray) -> list[float | None]:
 
 def _steps(stats: dict[str, np.ndarray], first: int, size: int) -> list[dict[str, Any]]:
     """Step rows, bucketed when ``size`` > 1 (DESIGN.md: means of the steps' reducers, min
-    of mins, max of maxes, min count, max expected, summed marks). A step with no finite
-    value (only marks) has NaN reducers: a bucket's means skip it, fmin/fmax ignore it."""
+    of mins, max of maxes, ``count`` and ``nonfinite`` of the least-covered step (fewest
+    count + nonfinite, the earliest on ties: coverage never passes 100%), the marks summed
+    as ``nonfinite_total``, max expected). A step with no finite value (only marks) has NaN
+    reducers: a bucket's means skip it, fmin/fmax ignore it."""
     step = stats["step"]
     if size == 1:
         columns = {name: stats[name] for name in (*_MEANED, "min", "max", "expected", "nonfinite")}
         columns["step"] = columns["step_end"] = step
         columns["count"] = stats["n"]
+        columns["nonfinite_total"] = stats["nonfinite"]
     else:
         keys = (step - first) // size
         starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
         has_value = stats["n"] > 0
         valued = np.add.reduceat(has_value, starts)
+        group = np.cumsum(np.r_[True, keys[1:] != keys[:-1]]) - 1
+        covered = stats["n"] + stats["nonfinite"]
+        # Each bucket's least-covered step: the first in (bucket, coverage, step) order.
+        least = np.lexsort((step, covered, group))[starts]
         columns = {
             "step": step[starts],
             "step_end": step[np.r_[starts[1:], len(step)] - 1],
-            "count": np.minimum.reduceat(stats["n"], starts),
+            "count": stats["n"][least],
             "expected": np.maximum.reduceat(stats["expected"], starts),
-            "nonfinite": np.add.reduceat(stats["nonfinite"], starts),
+            "nonfinite": stats["nonfinite"][least],
+            "nonfinite_total": np.add.reduceat(stats["nonfinite"], starts),
             "min": np.fmin.reduceat(stats["min"], starts),
             "max": np.fmax.reduceat(stats["max"], starts),
         }
@@ -129,6 +138,7 @@ def _steps(stats: dict[str, np.ndarray], first: int, size: int) -> list[dict[str
             **{name: ints[name][i] for name in _INT_FIELDS[:4]},
             **{name: floats[name][i] for name in _FLOAT_FIELDS},
             "nonfinite": ints["nonfinite"][i],
+            "nonfinite_total": ints["nonfinite_total"][i],
         }
         for i in range(len(ints["step"]))
     ]
@@ -147,6 +157,7 @@ def _rollup(rows: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
             "mean_abs_z": mean_abs_z or 0.0,
             "outlier_steps": outliers,
             "nonfinite_steps": nonfinite,
+            "first_nonfinite_step": None,  # the server's reading, from the points
         }
         for rank, reported, last, mean_delta, mean_abs_z, outliers, local_rank, nonfinite in ranked
     ]

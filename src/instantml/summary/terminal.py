@@ -12,14 +12,17 @@ from rich.text import Text
 _BLOCKS = "▁▂▃▄▅▆▇█"
 
 
-def sparkline(values: list[float]) -> str:
+def sparkline(values: list[float], lo: float | None = None, hi: float | None = None) -> str:
+    """Bars from ``lo`` (the lowest) to ``hi`` (the highest), by default the values' own
+    range; a flat line at the top of a fixed scale is full bars, not empty ones."""
     if not values:
         return ""
-    lo, hi = min(values), max(values)
+    lo = min(values) if lo is None else lo
+    hi = max(values) if hi is None else hi
     span = hi - lo
     if span == 0:
         return _BLOCKS[0] * len(values)
-    return "".join(_BLOCKS[min(7, int((v - lo) / span * 8))] for v in values)
+    return "".join(_BLOCKS[max(0, min(7, int((v - lo) / span * 8)))] for v in values)
 
 
 def _num(value: float | None) -> str:
@@ -64,7 +67,7 @@ def render(summary: dict[str, Any], worst: int = 8, outliers: int = 10) -> Group
     )
     trend.add_row(
         "coverage",
-        sparkline([(s["count"] + s["nonfinite"]) / s["expected"] for s in steps]),
+        sparkline([(s["count"] + s["nonfinite"]) / s["expected"] for s in steps], 0.0, 1.0),
         f"{cov['full_steps']} full, {cov['partial_steps']} partial steps",
     )
 
@@ -119,7 +122,7 @@ def render(summary: dict[str, Any], worst: int = 8, outliers: int = 10) -> Group
     parts: list[Any] = [head, keys, Panel(trend, title="across ranks", expand=False)]
     first = summary.get("first_nonfinite")
     if first is not None:
-        total = sum(s["nonfinite"] for s in steps)
+        total = sum(s.get("nonfinite_total", s["nonfinite"]) for s in steps)
         parts.append(
             Text(
                 f"First non-finite value: rank {first['rank']} at step {first['step']}"
@@ -130,6 +133,10 @@ def render(summary: dict[str, Any], worst: int = 8, outliers: int = 10) -> Group
     parts.append(
         missing if cov["missing"] else Text("No rank missing from the last step.", style="green")
     )
+    lagging = cov.get("lagging") or []
+    if lagging:
+        behind = ", ".join(f"rank {g['rank']} at step {g['last_step']}" for g in lagging)
+        parts.append(Text(f"Behind but sending (uploads lag): {behind}.", style="yellow"))
     parts += [ranks, top if summary["outliers"] else Text("No outliers.", style="green")]
     return Group(*parts)
 

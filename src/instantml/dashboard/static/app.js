@@ -79,8 +79,15 @@ function isLive(run) {
   return run.status === "running" && Date.now() / 1000 - run.updated_at < 120;
 }
 
+function statusText(run) {
+  const lost = (run.ranks_lost || []).length;
+  return lost ? `${run.status}, ${lost} rank${lost > 1 ? "s" : ""} lost` : run.status;
+}
+
 function statusBadge(run) {
-  const wrap = el("span", {}, el("span", { class: `status ${run.status}`, text: run.status }));
+  const lost = (run.ranks_lost || []);
+  const title = lost.map((r) => `rank ${r.rank} last logged step ${r.last_step}`).join("; ");
+  const wrap = el("span", {}, el("span", { class: `status ${run.status}${lost.length ? " lost" : ""}`, text: statusText(run), title }));
   if (isLive(run)) wrap.append(" ", el("span", { class: "live", text: "● live" }));
   return wrap;
 }
@@ -308,7 +315,7 @@ async function showDistributed(run, rankKeys, params, body) {
   const timingKey = /^perf\/.*_ms$/.test(key) ? key : rankKeys.includes("perf/forward_ms") ? "perf/forward_ms" : null;
   const [s, strag] = await Promise.all([
     api(`/api/runs/${encodeURIComponent(run.id)}/distributed?${query}`),
-    timingKey ? api(`/api/runs/${encodeURIComponent(run.id)}/stragglers?${new URLSearchParams({ key: timingKey })}`) : null,
+    timingKey ? api(`/api/runs/${encodeURIComponent(run.id)}/stragglers?${new URLSearchParams(hi !== null ? { key: timingKey, step_max: hi } : { key: timingKey })}`) : null,
   ]);
   const hashParams = new URLSearchParams({ key });
   if (lo !== null) hashParams.set("step_min", lo);
@@ -336,7 +343,7 @@ async function showDistributed(run, rankKeys, params, body) {
     });
     body.append(el("div", { class: "card callout", id: "first-nonfinite" },
       el("b", { text: `First non-finite value: rank ${f.rank} at step ${f.step} (${f.value}).` }),
-      ` ${s.steps.reduce((n, p) => n + p.nonfinite, 0)} non-finite values in this range; they are left out of every reducer and shown in red in the heatmap. `, look));
+      ` ${s.steps.reduce((n, p) => n + (p.nonfinite_total ?? p.nonfinite), 0)} non-finite values in this range; they are left out of every reducer and shown in red in the heatmap. `, look));
   }
   const band = el("div", { class: "chart tall", id: "band" });
   const coverage = el("div", { class: "chart", id: "coverage" });
@@ -354,8 +361,12 @@ async function showDistributed(run, rankKeys, params, body) {
         m.last_seen_step === null ? ` never reported (missing from step ${m.first_missing_step})`
           : ` last seen at step ${m.last_seen_step}, missing from step ${m.first_missing_step}`));
     }
-  } else {
+  } else if (!(cov.lagging || []).length) {
     missing.append(el("li", { class: "muted", text: "Every rank reported the last step." }));
+  }
+  for (const g of cov.lagging || []) {  // live: behind, but sending
+    missing.append(el("li", { class: "lagging" }, el("span", { class: "rank", text: `rank ${g.rank}` }),
+      ` behind at step ${g.last_step}, still sending (uploads lag)`));
   }
 
   if (strag) body.append(stragglerCard(strag));

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -10,7 +11,8 @@ from starlette.concurrency import run_in_threadpool
 from ...storage.records import RANK, ApiKeyRecord
 from ...summary import SummaryParams
 from ...summary.assemble import assemble
-from ...summary.stragglers import DEFAULT_KEY, DEFAULT_WINDOW, THRESHOLD, scores
+from ...summary.coverage import seen_before, split_lagging
+from ...summary.stragglers import DEFAULT_KEY, DEFAULT_WINDOW, scores
 from ..commands import Envelope, Refresh
 from ..errors import ApiError
 from ..responses import JSONResponse
@@ -73,9 +75,45 @@ async def distributed(
     # Between its reads the summary waits for the writes in flight (a bounded wait): a
     # summary is polled every few seconds, a write's answer holds up a training job.
     rows = await run_in_threadpool(points.summary_rows, sid, params, found.writer.wait_quiet)
+    answer = assemble(rows, params)
+    await run_in_threadpool(_as_of_now, found, key.org_id, run_id, sid, params, answer)
     # Rendered straight by orjson: the answer is already plain data, and validating a
     # 100k-cell heatmap as ``dict[str, Any]`` would cost more than reading it.
-    return JSONResponse({"run_id": run_id, "key": metric, "keys": keys, **assemble(rows, params)})
+    return JSONResponse({"run_id": run_id, "key": metric, "keys": keys, **answer})
+
+
+def _as_of_now(
+    found: Services, org_id: int, run_id: str, sid: int, params: SummaryParams,
+    answer: dict[str, Any],
+) -> None:  # fmt: skip
+    """What the store's rows do not say: ranks' first non-finite steps, and coverage as it
+    is now: ranks merely behind in a live run (running, and sent points
+    within the run's ``lag_seconds``) are ``lagging``, not missing, when the server heard
+    from them within ``lag_seconds``;
+    in a zoomed range, a rank that left before it is "last seen" where it was."""
+    coverage = answer["coverage"]
+    missing = coverage["missing"]
+    if missing and params.step_min is not None and answer["step_range"] is not None:
+        absent = [m["rank"] for m in missing if m["last_seen_step"] is None]
+        before = found.stores.points.last_steps_of(sid, absent, params.step_min) if absent else {}
+        missing = seen_before(missing, answer["step_range"][0], before)
+    lagging: list[dict[str, Any]] = []
+    run = found.stores.runs.get_run(org_id, run_id) if missing else None
+    if run is not None and run.status == "running":  # an ended run's coverage is final
+        activity = found.stores.runs.rank_activity(org_id, run_id)
+        th = found.monitor.thresholds(org_id, run_id)
+        heard = {rank: a.last_seen for rank, a in activity.items()}
+        missing, lagging = split_lagging(missing, heard, time.time(), th.lag_seconds)
+    coverage["missing"], coverage["lagging"] = missing, lagging
+    # Each rank's first non-finite step in the range (the non_finite alert's since_step).
+    marked = [r for r in answer["ranks"] if r["nonfinite_steps"]]
+    firsts = {}
+    if marked and answer["step_range"] is not None:
+        lo, hi = answer["step_range"]
+        firsts = found.stores.points.first_nonfinite(sid, lo, hi)
+    for row in answer["ranks"]:
+        first = firsts.get(row["rank"])
+        row["first_nonfinite_step"] = None if first is None else first[0]
 
 
 @router.get("/api/runs/{run_id}/stragglers")
@@ -85,17 +123,25 @@ async def stragglers(
     key: Read,
     metric: Annotated[str, Query(alias="key", min_length=1, max_length=2048)] = DEFAULT_KEY,
     window: Annotated[int, Query(ge=1, le=100_000)] = DEFAULT_WINDOW,
+    step_max: Annotated[int | None, Query(ge=0)] = None,
 ) -> dict[str, Any]:
-    """Per-rank straggler scores of a timing key over its last ``window`` steps: the
-    fastest rank's median over this rank's (below 0.75: a straggler)."""
+    """Per-rank straggler scores of a timing key over its last ``window`` steps (up to
+    ``step_max``, a zoom's last step): the fastest judged rank's median over this rank's;
+    below the run's ``straggler_score`` (0.75), from ``straggler_min_steps`` samples and
+    ``straggler_min_ms`` above the fastest, a straggler."""
     found = services(request)
     _, metric, sid = await _rank_series(found, key.org_id, run_id, metric)
-    step_range, medians = await run_in_threadpool(found.stores.points.window_medians, sid, window)
+    step_range, medians = await run_in_threadpool(
+        found.stores.points.window_medians, sid, window, step_max
+    )
+    th = await run_in_threadpool(found.monitor.thresholds, key.org_id, run_id)
     return {
         "run_id": run_id,
         "key": metric,
         "window": window,
         "step_range": None if step_range is None else list(step_range),
-        "threshold": THRESHOLD,
-        **scores(medians),
+        "threshold": th.straggler_score,
+        "min_steps": th.straggler_min_steps,
+        "min_ms": th.straggler_min_ms,
+        **scores(medians, th.straggler_score, th.straggler_min_steps, th.straggler_min_ms),
     }

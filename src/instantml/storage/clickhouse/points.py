@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...summary.step_stats import step_stats
+from ...summary.step_stats import REFERENCE_STEPS, reach, robust_spread, step_stats
 from .. import blocks as block_math
 from ..records import ScalarPoint, SummaryRows, latest_points, step_number
 from . import blocks, summary
@@ -121,12 +121,25 @@ class ChPoints:
         return summary.rows(self._engine, series_id, params)
 
     def window_medians(
-        self, series_id: int, window: int
+        self, series_id: int, window: int, step_max: int | None = None
     ) -> tuple[tuple[int, int] | None, dict[int, tuple[float, int]]]:
-        return summary.window_medians(self._engine, series_id, window)
+        return summary.window_medians(self._engine, series_id, window, step_max)
 
     def window_points(self, series_id: int, steps: int) -> dict[str, np.ndarray]:
         return summary.window_points(self._engine, series_id, steps)
+
+    def next_step(self, series_id: int, after: int | None) -> int | None:
+        return summary.next_step(self._engine, series_id, after)
+
+    def last_steps_of(
+        self, series_id: int, ranks: list[int], before: int | None = None
+    ) -> dict[int, int]:
+        return summary.last_steps_of(self._engine, series_id, ranks, before)
+
+    def first_nonfinite(
+        self, series_id: int, lo: int = 0, hi: int = 2**63 - 1
+    ) -> dict[int, tuple[int, float]]:
+        return summary.first_nonfinite(self._engine, series_id, lo, hi)
 
     # ---- the unit ----
 
@@ -209,6 +222,38 @@ class ChPoints:
             by_series.setdefault(int(sid), []).append(int(step))
         return by_series
 
+    def _ranges(self, sid: int, steps: list[int]) -> list[np.ndarray]:
+        """The steps to score again for these stale ones, by range (``step_stats.reach``)."""
+        later = np.array(
+            [row[0] for row in self._engine.rows(
+                f"SELECT step FROM {self._engine.table('step_stats')} FINAL"
+                " WHERE series_id = {sid:UInt64} AND step > {lo:Int64} AND n >= 2 ORDER BY step",
+                {"sid": sid, "lo": steps[0]},
+            )],
+            dtype=np.int64,
+        )  # fmt: skip
+        return _steps_of(reach(steps, later), steps, later)
+
+    def _history(self, sid: int, before: int, fresh: dict[int, float | None]) -> np.ndarray:
+        """The robust spreads of the series' last scored steps before ``before`` with 2
+        finite values or more, oldest first: a step's reference spread is taken over them.
+        ``fresh``: steps scored again in this refresh, not yet written (None: fewer than 2
+        finite values now), over the stored ones."""
+        k = REFERENCE_STEPS - 1
+        rows = self._engine.rows(
+            f"SELECT step, n, mad FROM {self._engine.table('step_stats')} FINAL"
+            " WHERE series_id = {sid:UInt64} AND step < {before:Int64} AND n >= 2"
+            " ORDER BY step DESC LIMIT {k:UInt32}",
+            {"sid": sid, "before": before, "k": k + len(fresh)},
+        )
+        spreads: dict[int, float | None] = {
+            int(step): float(robust_spread(np.array([n]), np.array([mad]))[0])
+            for step, n, mad in rows
+        }
+        spreads.update({step: v for step, v in fresh.items() if step < before})
+        kept = sorted((step, v) for step, v in spreads.items() if v is not None)[-k:]
+        return np.array([v for _, v in kept], dtype=np.float64)
+
     def _refresh(self, chunks: dict[int, list[int]]) -> bool:
         """Recompute these steps of these series from all their points; True if any. One
         read of the points and one insert a table for every series together: a unit that
@@ -218,37 +263,58 @@ class ChPoints:
             return False
         engine = self._engine
         read_at = engine.version()  # before the read: anything written later stays stale
-        # Whole level-1 blocks: their rows are rebuilt from all their points.
-        wanted = {sid: blocks.level_one_steps(steps) for sid, steps in chunks.items()}
+        # Whole level-1 blocks: their rows are rebuilt from all their points. And the steps
+        # whose reference spread takes a changed step's in, each range with its history.
+        ranges: dict[int, list[np.ndarray]] = {}
+        for sid, steps in chunks.items():
+            ranges[sid] = self._ranges(sid, steps)
+        wanted = {sid: np.concatenate(parts) for sid, parts in ranges.items()}
         found = engine.query_np(
             "SELECT series_id, step, rank, value, weight, world_size, local_rank FROM"
             f" {engine.table('rank_points')} FINAL WHERE series_id IN {{sids:Array(UInt64)}}"
             " AND step IN {steps:Array(Int64)}",
-            {"sids": list(wanted), "steps": sorted(set().union(*wanted.values()))},
+            {"sids": list(wanted), "steps": sorted(set().union(*map(set, wanted.values())))},
         )
         of_series = found["series_id"].astype(np.int64)
-        stats, scores, outliers, block_rows = [], [], [], {}
-        for sid, steps in wanted.items():
-            points = found[(of_series == sid) & np.isin(found["step"], steps)]
-            if not len(points):
-                continue
-            rows, delta, z, robust = step_stats(
-                points["step"].astype(np.int64), points["value"].astype(np.float64),
-                points["weight"].astype(np.float64), points["world_size"].astype(np.int64),
-            )  # fmt: skip
-            stats.append({"series_id": sid, "step": rows["step"], **{k: rows[k] for k in _STATS}})
-            scored = {
-                "step": points["step"].astype(np.int64), "rank": points["rank"].astype(np.int16),
-                "value": points["value"], "delta": delta, "z": z, "robust_z": robust,
-                "local_rank": points["local_rank"],
-            }  # fmt: skip
-            scores.append({"series_id": sid, **{k: scored[k] for k in _SCORES}})
-            block_rows[sid] = block_math.of_points(scored)
-            chosen = np.flatnonzero(block_rows[sid]["outliers"] > 0)
-            if len(chosen):
-                outliers.append(
-                    {"series_id": sid, **{k: np.asarray(scored[k])[chosen] for k in _OUTLIER}}
+        stats, scores, outliers = [], [], []
+        block_rows: dict[int, block_math.Rows] = {}
+        for sid, parts in ranges.items():
+            mine = found[of_series == sid]
+            fresh: dict[int, float | None] = {}
+            for part in parts:
+                points = mine[np.isin(mine["step"], part)]
+                if not len(points):
+                    continue
+                history = self._history(sid, int(part.min()), fresh)
+                rows, delta, z, robust = step_stats(
+                    points["step"].astype(np.int64), points["value"].astype(np.float64),
+                    points["weight"].astype(np.float64), points["world_size"].astype(np.int64),
+                    history,
+                )  # fmt: skip
+                stats.append(
+                    {"series_id": sid, "step": rows["step"], **{k: rows[k] for k in _STATS}}
                 )
+                spread = robust_spread(rows["n"], rows["mad"])
+                fresh.update(
+                    (int(step), float(v) if n >= 2 else None)
+                    for step, n, v in zip(rows["step"], rows["n"], spread, strict=True)
+                )
+                scored = {
+                    "step": points["step"].astype(np.int64),
+                    "rank": points["rank"].astype(np.int16),
+                    "value": points["value"], "delta": delta, "z": z, "robust_z": robust,
+                    "local_rank": points["local_rank"],
+                }  # fmt: skip
+                scores.append({"series_id": sid, **{k: scored[k] for k in _SCORES}})
+                rows_of = block_math.of_points(scored)
+                block_rows[sid] = (
+                    rows_of if sid not in block_rows else _concat([block_rows[sid], rows_of])
+                )
+                chosen = np.flatnonzero(rows_of["outliers"] > 0)
+                if len(chosen):
+                    outliers.append(
+                        {"series_id": sid, **{k: np.asarray(scored[k])[chosen] for k in _OUTLIER}}
+                    )
         engine.insert_series("step_stats", stats, read_at)
         engine.insert_series("scores", scores, read_at)
         blocks.rebuild(engine, block_rows, read_at)
@@ -261,6 +327,25 @@ class ChPoints:
         engine.insert_series("stale_steps", done, read_at)
         self._backlog = max(0, self._backlog - sum(len(steps) for steps in chunks.values()))
         return True
+
+
+def _steps_of(
+    ranges: list[tuple[int, int]], stale: list[int], later: np.ndarray
+) -> list[np.ndarray]:
+    """Per range: the steps to score again, in whole level-1 blocks (a block's rows are
+    rebuilt from all its points): the stale ones, and the scored ones with 2 finite values
+    or more within it. Ranges whose blocks meet are one."""
+    parts: list[np.ndarray] = []
+    stale_arr = np.asarray(stale, dtype=np.int64)
+    for lo, hi in ranges:
+        own = stale_arr[(stale_arr >= lo) & (stale_arr <= hi)]
+        ahead = later[(later >= lo) & (later <= hi)]
+        steps = np.asarray(blocks.level_one_steps(np.union1d(own, ahead).tolist()), np.int64)
+        if parts and steps.min() <= parts[-1].max() + 1:
+            parts[-1] = np.union1d(parts[-1], steps)
+        else:
+            parts.append(steps)
+    return parts
 
 
 def _copy_int_scalars(engine: ChEngine) -> None:

@@ -199,15 +199,17 @@ def _singles(engine: ChEngine, series_id: int, pieces: block_math.Pieces) -> blo
 
 
 def window_medians(
-    engine: ChEngine, series_id: int, window: int
+    engine: ChEngine, series_id: int, window: int, step_max: int | None = None
 ) -> tuple[tuple[int, int] | None, dict[int, tuple[float, int]]]:
-    """Every step written has a row in stale_steps (stale or not): the window's steps."""
+    """Every step written has a row in stale_steps (stale or not): the window's steps (the
+    last ``window`` up to ``step_max``)."""
     count, first, last = engine.rows(
         "SELECT count(), min(step), max(step) FROM (SELECT step FROM"
         f" {engine.table('stale_steps')} FINAL WHERE series_id = {{sid:UInt64}}"
-        " ORDER BY step DESC LIMIT {window:UInt32})",
-        {"sid": series_id, "window": window},
-    )[0]
+        " AND step <= {ceiling:Int64} ORDER BY step DESC LIMIT {window:UInt32})",
+        {"sid": series_id, "window": window,
+         "ceiling": np.iinfo(np.int64).max if step_max is None else step_max},
+    )[0]  # fmt: skip
     if not count:
         return None, {}
     medians = engine.rows(
@@ -244,3 +246,42 @@ def window_points(engine: ChEngine, series_id: int, steps: int) -> dict[str, np.
             ("step", "rank", "value", "weight", "world_size", "ts"), columns, dtypes, strict=True
         )
     }
+
+
+def next_step(engine: ChEngine, series_id: int, after: int | None) -> int | None:
+    """The series' first step after ``after`` (its first step when None)."""
+    ((count, found),) = engine.rows(
+        f"SELECT count(), min(step) FROM {engine.table('stale_steps')} FINAL"
+        " WHERE series_id = {sid:UInt64} AND step > {after:Int64}",
+        {"sid": series_id, "after": -1 if after is None else after},
+    )
+    return int(found) if count else None
+
+
+def last_steps_of(
+    engine: ChEngine, series_id: int, ranks: list[int], before: int | None = None
+) -> dict[int, int]:
+    """Each of these ranks' last step in the series (before ``before``; ranks with none
+    absent)."""
+    rows = engine.rows(
+        f"SELECT rank, max(step) FROM {engine.table('rank_points')} FINAL"
+        " WHERE series_id = {sid:UInt64} AND has({ranks:Array(Int64)}, rank)"
+        " AND step < {before:Int64} GROUP BY rank",
+        {"sid": series_id, "ranks": ranks,
+         "before": np.iinfo(np.int64).max if before is None else before},
+    )  # fmt: skip
+    return {int(r): int(s) for r, s in rows}
+
+
+def first_nonfinite(
+    engine: ChEngine, series_id: int, lo: int = 0, hi: int = 2**63 - 1
+) -> dict[int, tuple[int, float]]:
+    """Per rank with a non-finite value in the series (in steps ``lo``-``hi``): its first
+    such step, and the value."""
+    rows = engine.rows(
+        f"SELECT rank, min(step), argMin(value, step) FROM {engine.table('rank_points')} FINAL"
+        " WHERE series_id = {sid:UInt64} AND step BETWEEN {lo:Int64} AND {hi:Int64}"
+        " AND NOT isFinite(value) GROUP BY rank",
+        {"sid": series_id, "lo": lo, "hi": hi},
+    )
+    return {int(r): (int(s), float(v)) for r, s, v in rows}

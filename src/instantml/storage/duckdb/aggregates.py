@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...summary.params import ROBUST_Z_THRESHOLD
-from ...summary.step_stats import step_stats
+from ...summary.step_stats import REFERENCE_STEPS, reach, robust_spread, step_stats
 from ..blocks import DEFAULT_Z
 from .engine import Engine
 
@@ -46,31 +46,62 @@ def unscore(
             )
 
 
-def recompute(engine: Engine, sid: int, steps: list[int]) -> None:
-    """Reducers and scores of these steps of one series, from all their points."""
+def spread_history(engine: Engine, sid: int, before: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """``(steps, spreads)``: the series' last ``REFERENCE_STEPS - 1`` scored steps before
+    ``before`` (all when None) with 2 finite values or more, oldest first, and each one's
+    robust spread: what a step's reference spread is taken over, with its own."""
+    rows = (
+        engine.con.execute(  # the unit's own connection: it sees the unit's rows
+            "SELECT step, n, mad FROM step_stats WHERE series_id = $sid AND step < $before"
+            " AND n >= 2 ORDER BY step DESC LIMIT $limit",
+            {"sid": sid, "before": np.iinfo(np.int64).max if before is None else before,
+             "limit": REFERENCE_STEPS - 1},
+        )
+        .fetchnumpy()
+    )  # fmt: skip
+    steps = np.asarray(rows["step"], dtype=np.int64)[::-1]
+    return steps, robust_spread(np.asarray(rows["n"])[::-1], np.asarray(rows["mad"])[::-1])
+
+
+def affected(engine: Engine, sid: int, steps: list[int]) -> list[tuple[int, int]]:
+    """The step ranges to score again when these steps' points changed (``reach``)."""
+    later = engine.con.execute(
+        "SELECT step FROM step_stats WHERE series_id = $sid AND step > $lo AND n >= 2"
+        " ORDER BY step",
+        {"sid": sid, "lo": steps[0]},
+    ).fetchnumpy()["step"]
+    return reach(steps, np.asarray(later, dtype=np.int64))
+
+
+def recompute(engine: Engine, sid: int, steps: list[int]) -> list[tuple[int, int]]:
+    """Reducers and scores of these steps of one series, from all their points, and the
+    scores of the steps whose reference spread they are in. Returns the step ranges
+    scored again (their blocks are stale)."""
+    ranges = affected(engine, sid, steps)
+    for lo, hi in ranges:
+        _recompute_range(engine, sid, lo, hi)
+    return ranges
+
+
+def _recompute_range(engine: Engine, sid: int, lo: int, hi: int) -> None:
+    """Every step from ``lo`` to ``hi`` of one series, scored again from its points."""
     con = engine.con
-    where = {"sid": sid, "lo": steps[0], "hi": steps[-1]}
-    listed = np.array(steps, dtype=np.int64)
-    con.register("refresh_steps", {"step": listed})
-    try:
-        # The range lets zone maps skip every row group outside the steps.
-        points = con.execute(
-            "SELECT step, rank, value, weight, world_size, local_rank FROM rank_points"
-            " WHERE series_id = $sid AND step BETWEEN $lo AND $hi"
-            " AND step IN (SELECT step FROM refresh_steps)",
-            where,
-        ).fetchnumpy()
-    finally:
-        con.unregister("refresh_steps")
-    unscore(
-        engine,
-        {"series_id": np.full(len(listed), sid, dtype=np.int32), "step": listed},
-        ("step_stats", "stale_steps", "outlier_rows"),
-    )
+    _, history = spread_history(engine, sid, lo)
+    # The range lets zone maps skip every row group outside the steps.
+    points = con.execute(
+        "SELECT step, rank, value, weight, world_size, local_rank FROM rank_points"
+        " WHERE series_id = $sid AND step BETWEEN $lo AND $hi",
+        {"sid": sid, "lo": lo, "hi": hi},
+    ).fetchnumpy()
+    for table in ("step_stats", "stale_steps", "outlier_rows"):
+        con.execute(
+            f"DELETE FROM {table} WHERE series_id = $sid AND step BETWEEN $lo AND $hi",
+            {"sid": sid, "lo": lo, "hi": hi},
+        )
     if not len(points["step"]):
         return
     step_rows, delta, z, robust = step_stats(
-        points["step"], points["value"], points["weight"], points["world_size"]
+        points["step"], points["value"], points["weight"], points["world_size"], history
     )
     step_rows["series_id"] = np.full(len(step_rows["step"]), sid, dtype=np.int32)
     insert_stats(engine, step_rows)
@@ -108,7 +139,7 @@ def recompute(engine: Engine, sid: int, steps: list[int]) -> None:
             " robust_z = CASE WHEN isnan(scored.robust_z) THEN NULL ELSE scored.robust_z END"
             f" FROM {source} WHERE rank_points.series_id = ? AND rank_points.step = scored.step"
             " AND rank_points.rank = scored.rank AND rank_points.step BETWEEN ? AND ?",
-            [*params, sid, steps[0], steps[-1]],
+            [*params, sid, lo, hi],
         )
 
 

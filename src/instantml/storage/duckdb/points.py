@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ...summary.params import ROBUST_Z_THRESHOLD
-from ...summary.step_stats import step_stats
+from ...summary.step_stats import REFERENCE_STEPS, robust_spread, step_stats
 from .. import blocks as block_math
 from ..records import ScalarPoint, SummaryRows, latest_points, step_number
 from . import aggregates, blocks, summary
@@ -106,6 +106,8 @@ class _Staged:
         # Each staged series' open step's points after this unit (None: it has none).
         self.tails: dict[int, dict[str, np.ndarray] | None] = {}
         self.rescored: list[tuple[int, int]] = []  # (series, step) scored again whole
+        # Steps scored while staging: (series, steps, n, mad), for the spreads remembered.
+        self.spreads: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = []
         # Filled by flush, for committed():
         self.frames: list[dict[str, np.ndarray]] = []
         self.last_step: dict[int, int] = {}
@@ -145,6 +147,9 @@ class DuckDBPoints:
         # was scored whole in the last unit that wrote the series and has fewer points than
         # its world size.
         self._tails: dict[int, dict[str, np.ndarray]] = {}
+        # Per series: the last scored steps with 2 finite values or more, and their robust
+        # spreads (a new step's reference spread is taken over them), loaded on first use.
+        self._spreads: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._tail_points = 0  # the points the tails hold, at most TAIL_POINTS
         self._staged = _Staged()
         engine.join(self)
@@ -239,8 +244,10 @@ class DuckDBPoints:
         return summary.rows(self._engine.cursor(), series_id, params, pause or summary.go_on)
 
     def window_medians(
-        self, series_id: int, window: int
+        self, series_id: int, window: int, step_max: int | None = None
     ) -> tuple[tuple[int, int] | None, dict[int, tuple[float, int]]]:
+        if step_max is not None:  # a zoom's window: no floor guessed or kept
+            return summary.window_medians(self._engine.cursor(), series_id, window, None, step_max)
         span, medians = summary.window_medians(
             self._engine.cursor(), series_id, window, self._floors.get((series_id, window))
         )
@@ -254,6 +261,19 @@ class DuckDBPoints:
         first = int(columns["step"][0]) if len(columns["step"]) else None
         self._remember_floor(series_id, steps, first)
         return columns
+
+    def next_step(self, series_id: int, after: int | None) -> int | None:
+        return summary.next_step(self._engine.cursor(), series_id, after)
+
+    def last_steps_of(
+        self, series_id: int, ranks: list[int], before: int | None = None
+    ) -> dict[int, int]:
+        return summary.last_steps_of(self._engine.cursor(), series_id, ranks, before)
+
+    def first_nonfinite(
+        self, series_id: int, lo: int = 0, hi: int = 2**63 - 1
+    ) -> dict[int, tuple[int, float]]:
+        return summary.first_nonfinite(self._engine.cursor(), series_id, lo, hi)
 
     def _remember_floor(self, series_id: int, steps: int, first: int | None) -> None:
         """The first of a series' last ``steps`` steps, as the next look's guess: a window's
@@ -285,8 +305,19 @@ class DuckDBPoints:
             todo[chosen] = todo.get(chosen, set()) | set(chunk)
         for sid, stale in todo.items():
             if stale:
-                aggregates.recompute(self._engine, sid, sorted(stale))
-                staged.refreshed[sid] = stale
+                ranges = aggregates.recompute(self._engine, sid, sorted(stale))
+                self._spreads.pop(sid, None)  # read again from the rows just written
+                known = self._stale.get(sid, set()) | staged.stale.get(sid, set())
+                staged.refreshed[sid] = {
+                    s for s in known if any(lo <= s <= hi for lo, hi in ranges)
+                } | stale
+                rescored = np.concatenate(
+                    [np.arange(lo, hi + 1, dtype=np.int64) for lo, hi in ranges]
+                )
+                self._mark_blocks(
+                    {"series_id": np.full(len(rescored), sid, dtype=np.int32), "step": rescored},
+                    staged,
+                )
         dirty = {
             sid: self._dirty.get(sid, set()) | staged.dirty.get(sid, set())
             for sid in staged.refresh
@@ -310,6 +341,8 @@ class DuckDBPoints:
             aggregates.raise_rank_last(
                 self._rank_last, frame["series_id"], frame["rank"], frame["step"]
             )
+        for sid, new_steps, n, mad in staged.spreads:
+            self._remember_spreads(sid, new_steps, n, mad)
         for sid, steps in staged.refreshed.items():
             remaining = self._stale.get(sid, set()) - steps
             if remaining:
@@ -337,6 +370,24 @@ class DuckDBPoints:
 
     def rolled_back(self) -> None:
         self._staged = _Staged()
+
+    def _remember_spreads(
+        self, sid: int, steps: np.ndarray, n: np.ndarray, mad: np.ndarray
+    ) -> None:
+        """Keep the last scored steps' spreads (those with 2 finite values or more) of a
+        series whose spreads are in memory, with these steps' over any older score."""
+        known = self._spreads.get(sid)
+        if known is None:
+            return
+        old_steps, old = known
+        kept = ~np.isin(old_steps, steps)
+        qualifies = n >= 2
+        all_steps = np.concatenate([old_steps[kept], steps[qualifies]])
+        spreads = np.concatenate([old[kept], robust_spread(n[qualifies], mad[qualifies])])
+        order = np.argsort(all_steps, kind="stable")[-(REFERENCE_STEPS - 1) :]
+        self._spreads[sid] = (all_steps[order], spreads[order])
+        if len(self._spreads) > 65_536:  # many series written: start again
+            self._spreads.clear()
 
     def _flush_rank(self, staged: _Staged) -> None:
         engine = self._engine
@@ -474,11 +525,12 @@ class DuckDBPoints:
         if fresh.any():
             step_rows, delta, z, robust = step_stats(
                 steps[fresh], points["value"][fresh], points["weight"][fresh],
-                points["world_size"][fresh],
+                points["world_size"][fresh], self._history(sid, int(steps[fresh].min())),
             )  # fmt: skip
             scores[:, fresh] = delta, z, robust
             step_rows["series_id"] = np.full(len(step_rows["step"]), sid, dtype=np.int32)
             stats.append(step_rows)
+            staged.spreads.append((sid, step_rows["step"], step_rows["n"], step_rows["mad"]))
         if not fresh.all():
             staged.stale.setdefault(sid, set()).update(np.unique(steps[~fresh]).tolist())
         top = max(self._last_step.get(sid, -1), int(steps.max()))
@@ -495,6 +547,19 @@ class DuckDBPoints:
         out["series_id"] = np.full(len(steps), sid, dtype=np.int32)
         out["delta"], out["z"], out["robust_z"] = scores
         return out
+
+    def _history(self, sid: int, before: int) -> np.ndarray:
+        """The robust spreads of the series' last scored steps before ``before`` that a
+        step's reference spread is taken over (``aggregates.spread_history``), from memory
+        when it holds them: new steps come after every one scored."""
+        known = self._spreads.get(sid)
+        if known is None:
+            known = self._spreads[sid] = aggregates.spread_history(self._engine, sid, None)
+        steps, spreads = known
+        earlier = steps < before
+        if earlier.all() or len(steps) < REFERENCE_STEPS - 1:
+            return spreads[earlier]
+        return aggregates.spread_history(self._engine, sid, before)[1]
 
     def _delete(self, points: list[tuple[int, int, int]]) -> None:
         """Delete these (series, step, rank) points where they exist: a rewrite's old row."""

@@ -14,7 +14,16 @@ from typing import Any
 import numpy as np
 import orjson
 
-from ..records import RunConflict, RunRecord, RunRef, RunSpec, run_record, run_values
+from ..records import (
+    SEEN_RESOLUTION,
+    RankActivity,
+    RunConflict,
+    RunRecord,
+    RunRef,
+    RunSpec,
+    run_record,
+    run_values,
+)
 from .engine import Engine, first
 
 SCHEMA = """
@@ -30,7 +39,16 @@ CREATE TABLE IF NOT EXISTS series (
 CREATE TABLE IF NOT EXISTS attributes (
     run_seq INTEGER NOT NULL, seq BIGINT NOT NULL, path VARCHAR, type VARCHAR,
     step BIGINT, value VARCHAR, ts DOUBLE NOT NULL);
+CREATE TABLE IF NOT EXISTS run_ranks (
+    run_seq INTEGER NOT NULL, rank INTEGER NOT NULL, first_seen DOUBLE NOT NULL,
+    last_seen DOUBLE NOT NULL, finished_at DOUBLE, PRIMARY KEY (run_seq, rank));
 """
+# A rank's arrival (first_seen, last_seen, finished_at); a finish also counts as seen.
+SEEN_UPSERT = (
+    "INSERT INTO run_ranks VALUES (?, ?, ?, ?, ?) ON CONFLICT (run_seq, rank) DO UPDATE SET"
+    " last_seen = greatest(run_ranks.last_seen, excluded.last_seen),"
+    " finished_at = coalesce(excluded.finished_at, run_ranks.finished_at)"
+)
 
 _COLUMNS = (
     "org_id, run_id, project, name, status, config, tags, metadata, created_at, updated_at,"
@@ -48,6 +66,7 @@ class _Staged:
         self.series: dict[tuple[int, int, str], int] = {}
         self.extents: dict[int, tuple[int, int]] = {}
         self.attributes: list[tuple[int, str | None, str | None, int | None, str, float]] = []
+        self.seen: dict[tuple[int, int], tuple[float, float | None]] = {}  # -> (at, finished)
 
 
 class DuckDBRuns:
@@ -76,6 +95,13 @@ class DuckDBRuns:
         self._next_run = 1 + max((ref.seq for ref in self._runs.values()), default=0)
         self._next_series = 1 + max(self._series.values(), default=0)
         (self._next_attr,) = first(con.execute("SELECT coalesce(max(seq), 0) + 1 FROM attributes"))
+        # Each (run, rank)'s last_seen as stored: rewritten only when older by SEEN_RESOLUTION.
+        self._seen: dict[tuple[int, int], float] = {
+            (seq, rank): last
+            for seq, rank, last in con.execute(
+                "SELECT run_seq, rank, last_seen FROM run_ranks"
+            ).fetchall()
+        }
         self._staged = _Staged()
         self._written_extents: dict[int, tuple[int, int]] = {}
         engine.join(self)
@@ -111,6 +137,20 @@ class DuckDBRuns:
             .fetchall()
         )
         return [run_record(row) for row in rows]
+
+    def rank_activity(self, org_id: int, run_id: str) -> dict[int, RankActivity]:
+        ref = self._runs.get((org_id, run_id))
+        if ref is None:
+            return {}
+        rows = (
+            self._engine.cursor()
+            .execute(
+                "SELECT rank, first_seen, last_seen, finished_at FROM run_ranks WHERE run_seq = ?",
+                [ref.seq],
+            )
+            .fetchall()
+        )
+        return {int(r): RankActivity(float(a), float(b), c) for r, a, b, c in rows}
 
     def series(self, org_id: int, run_id: str) -> list[tuple[int, int, str]] | None:
         ref = self._runs.get((org_id, run_id))
@@ -213,7 +253,26 @@ class DuckDBRuns:
             old_size, old_last = staged.get(seq, (0, -1))
             staged[seq] = (max(old_size, size), max(old_last, last))
 
+    def saw_ranks(self, ranks: Mapping[int, Iterable[int]], at: float) -> None:
+        staged = self._staged.seen
+        for seq, members in ranks.items():
+            for rank in members:
+                slot = (seq, rank)
+                if slot in staged or at - self._seen.get(slot, -np.inf) >= SEEN_RESOLUTION:
+                    staged[slot] = (at, staged.get(slot, (at, None))[1])
+
+    def finish_rank(self, run: RunRef, rank: int, at: float) -> None:
+        self._staged.seen[(run.seq, rank)] = (at, at)
+
     # ---- the unit ----
+
+    def _flush_seen(self) -> None:
+        seen = self._staged.seen
+        if seen:
+            self._engine.con.executemany(
+                SEEN_UPSERT,
+                [[seq, rank, at, at, done] for (seq, rank), (at, done) in seen.items()],
+            )
 
     def _flush_extents(self) -> None:
         staged = self._staged.extents
@@ -244,6 +303,7 @@ class DuckDBRuns:
     def flush(self) -> None:
         con = self._engine.con
         self._flush_extents()
+        self._flush_seen()
         staged = self._staged
         if staged.series:
             con.executemany(
@@ -267,6 +327,8 @@ class DuckDBRuns:
         self._next_run += len(staged.runs)
         self._next_series += len(staged.series)
         self._next_attr += len(staged.attributes)
+        for slot, (at, _) in staged.seen.items():
+            self._seen[slot] = max(at, self._seen.get(slot, at))
         for seq, (size, last) in self._written_extents.items():
             old_size, old_last = self._extent.get(seq, (0, -1))
             self._extent[seq] = (max(old_size, size), max(old_last, last))

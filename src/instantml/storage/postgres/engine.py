@@ -83,6 +83,12 @@ CREATE TABLE deliveries (
     delivered_at DOUBLE PRECISION, failed_at DOUBLE PRECISION, last_error TEXT);
 CREATE INDEX deliveries_due ON deliveries (next_at) WHERE delivered_at IS NULL;
 """,
+    4: """
+CREATE TABLE run_ranks (
+    run_seq BIGINT NOT NULL, rank INTEGER NOT NULL, first_seen DOUBLE PRECISION NOT NULL,
+    last_seen DOUBLE PRECISION NOT NULL, finished_at DOUBLE PRECISION,
+    PRIMARY KEY (run_seq, rank));
+""",
 }
 SCHEMA_VERSION = max(MIGRATIONS, default=1)
 

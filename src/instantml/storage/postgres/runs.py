@@ -15,7 +15,16 @@ from typing import Any
 
 import orjson
 
-from ..records import RunConflict, RunRecord, RunRef, RunSpec, run_record, run_values
+from ..records import (
+    SEEN_RESOLUTION,
+    RankActivity,
+    RunConflict,
+    RunRecord,
+    RunRef,
+    RunSpec,
+    run_record,
+    run_values,
+)
 from .engine import PgEngine, storable
 
 _COLUMNS = (
@@ -29,6 +38,7 @@ class _Staged:
     runs: dict[tuple[int, str], RunRef] = field(default_factory=dict)
     series: dict[tuple[int, int, str], int] = field(default_factory=dict)
     extents: dict[int, tuple[int, int]] = field(default_factory=dict)
+    seen: dict[tuple[int, int], tuple[float, float | None]] = field(default_factory=dict)
 
 
 # Run refs and series ids never change once committed, so a process may remember them
@@ -41,6 +51,9 @@ class PgRuns:
         self._engine = engine
         self._runs: dict[tuple[int, str], RunRef] = {}  # committed: never change
         self._series: dict[tuple[int, int, str], int] = {}
+        # The last_seen this process last wrote per (run, rank): rewritten only when older
+        # by SEEN_RESOLUTION (other processes' writes only make the stored one newer).
+        self._seen: dict[tuple[int, int], float] = {}
         engine.join(self)
 
     # ---- reads ----
@@ -235,7 +248,50 @@ class PgRuns:
             old_size, old_last = staged.extents.get(seq, (0, -1))
             staged.extents[seq] = (max(old_size, size), max(old_last, last))
 
+    def rank_activity(self, org_id: int, run_id: str) -> dict[int, RankActivity]:
+        if not storable(run_id):
+            return {}
+        with self._engine.connection() as con:
+            rows = con.execute(
+                "SELECT k.rank, k.first_seen, k.last_seen, k.finished_at FROM run_ranks k"
+                " JOIN runs r USING (run_seq) WHERE r.org_id = %s AND r.run_id = %s",
+                [org_id, run_id],
+            ).fetchall()
+        return {int(r): RankActivity(float(a), float(b), c) for r, a, b, c in rows}
+
+    def saw_ranks(self, ranks: Mapping[int, Iterable[int]], at: float) -> None:
+        staged: _Staged = self._engine.staged(self)
+        for seq, members in ranks.items():
+            for rank in members:
+                slot = (seq, rank)
+                if slot in staged.seen or at - self._seen.get(slot, -1e18) >= SEEN_RESOLUTION:
+                    staged.seen[slot] = (at, staged.seen.get(slot, (at, None))[1])
+
+    def finish_rank(self, run: RunRef, rank: int, at: float) -> None:
+        staged: _Staged = self._engine.staged(self)
+        staged.seen[(run.seq, rank)] = (at, at)
+
     # ---- the unit ----
+
+    def _flush_seen(self, staged: _Staged) -> None:
+        if not staged.seen:
+            return
+        slots = list(staged.seen)
+        with self._engine.connection() as con:
+            con.execute(
+                "INSERT INTO run_ranks (run_seq, rank, first_seen, last_seen, finished_at)"
+                " SELECT s, k, a, a, f FROM unnest(%s::BIGINT[], %s::INTEGER[],"
+                " %s::DOUBLE PRECISION[], %s::DOUBLE PRECISION[]) AS e(s, k, a, f)"
+                " ON CONFLICT (run_seq, rank) DO UPDATE SET"
+                " last_seen = greatest(run_ranks.last_seen, excluded.last_seen),"
+                " finished_at = coalesce(excluded.finished_at, run_ranks.finished_at)",
+                [
+                    [q for q, _ in slots],
+                    [k for _, k in slots],
+                    [staged.seen[s][0] for s in slots],
+                    [staged.seen[s][1] for s in slots],
+                ],
+            )
 
     def _flush_extents(self, staged: _Staged) -> None:
         if not staged.extents:
@@ -262,10 +318,12 @@ class PgRuns:
 
     def flush(self, staged: _Staged) -> None:
         self._flush_extents(staged)
+        self._flush_seen(staged)
 
     def committed(self, staged: _Staged) -> None:
         _remember(self._runs, staged.runs)
         _remember(self._series, staged.series)
+        _remember(self._seen, {slot: at for slot, (at, _) in staged.seen.items()})
 
 
 def _remember(cache: dict[Any, Any], entries: Mapping[Any, Any]) -> None:
