@@ -211,7 +211,8 @@ class SummaryRows:
     last_step, mean_delta, mean_abs_z, outlier_steps, local_rank, nonfinite_steps)``;
     ``outliers``: the strongest rows ``(step, rank, local_rank, value, mean, delta, z,
     robust_z)``; ``cells``: heatmap cells (columns ``rank, b, v, marks``);
-    ``first_nonfinite``: ``(step, rank, value)`` or None."""
+    ``nonfinite_firsts``: per rank with a non-finite value in the range, its first such
+    ``(step, value)``."""
 
     world_size: int
     stats: dict[str, np.ndarray]
@@ -219,7 +220,16 @@ class SummaryRows:
     outliers: list[tuple[Any, ...]] = field(default_factory=list)
     cells: dict[str, np.ndarray] = field(default_factory=dict)
     heat_size: int = 1
-    first_nonfinite: tuple[int, int, float] | None = None
+    nonfinite_firsts: dict[int, tuple[int, float]] = field(default_factory=dict)
+
+    @property
+    def first_nonfinite(self) -> tuple[int, int, float] | None:
+        """``(step, rank, value)``: the earliest step with a non-finite value, its lowest
+        rank; None when there is none."""
+        if not self.nonfinite_firsts:
+            return None
+        step, rank = min((s, r) for r, (s, _) in self.nonfinite_firsts.items())
+        return step, rank, self.nonfinite_firsts[rank][1]
 
 
 def run_record(row: Sequence[Any]) -> RunRecord:

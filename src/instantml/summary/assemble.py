@@ -34,7 +34,7 @@ def assemble(rows: SummaryRows, params: SummaryParams) -> dict[str, Any]:
     reported = stats["n"] + stats["nonfinite"]  # a mark is a report (coverage)
     expected = stats["expected"]
     last_step_of_rank = {int(r[0]): int(r[2]) for r in rows.rollup}
-    ranks = _rollup(rows.rollup)
+    ranks = _rollup(rows.rollup, rows.nonfinite_firsts)
     return {
         "world_size": rows.world_size,
         "step_range": [first, last],
@@ -144,7 +144,9 @@ def _steps(stats: dict[str, np.ndarray], first: int, size: int) -> list[dict[str
     ]
 
 
-def _rollup(rows: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
+def _rollup(
+    rows: list[tuple[Any, ...]], firsts: dict[int, tuple[int, float]]
+) -> list[dict[str, Any]]:
     """Per rank, noisiest first: by mean |z|, then |mean delta|, then rank number."""
     ranked = sorted(rows, key=lambda r: (-(r[4] or 0.0), -abs(r[3] or 0.0), r[0]))
     return [
@@ -157,7 +159,7 @@ def _rollup(rows: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
             "mean_abs_z": mean_abs_z or 0.0,
             "outlier_steps": outliers,
             "nonfinite_steps": nonfinite,
-            "first_nonfinite_step": None,  # the server's reading, from the points
+            "first_nonfinite_step": firsts[rank][0] if rank in firsts else None,
         }
         for rank, reported, last, mean_delta, mean_abs_z, outliers, local_rank, nonfinite in ranked
     ]

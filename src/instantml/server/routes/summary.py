@@ -76,18 +76,17 @@ async def distributed(
     # summary is polled every few seconds, a write's answer holds up a training job.
     rows = await run_in_threadpool(points.summary_rows, sid, params, found.writer.wait_quiet)
     answer = assemble(rows, params)
-    await run_in_threadpool(_as_of_now, found, key.org_id, run_id, sid, params, answer)
+    await run_in_threadpool(_live_coverage, found, key.org_id, run_id, sid, params, answer)
     # Rendered straight by orjson: the answer is already plain data, and validating a
     # 100k-cell heatmap as ``dict[str, Any]`` would cost more than reading it.
     return JSONResponse({"run_id": run_id, "key": metric, "keys": keys, **answer})
 
 
-def _as_of_now(
+def _live_coverage(
     found: Services, org_id: int, run_id: str, sid: int, params: SummaryParams,
     answer: dict[str, Any],
 ) -> None:  # fmt: skip
-    """What the store's rows do not say: ranks' first non-finite steps, and coverage as it
-    is now: ranks merely behind in a live run (running, and sent points
+    """Coverage as it is now: ranks merely behind in a live run (running, and sent points
     within the run's ``lag_seconds``) are ``lagging``, not missing, when the server heard
     from them within ``lag_seconds``;
     in a zoomed range, a rank that left before it is "last seen" where it was."""
@@ -105,15 +104,6 @@ def _as_of_now(
         heard = {rank: a.last_seen for rank, a in activity.items()}
         missing, lagging = split_lagging(missing, heard, time.time(), th.lag_seconds)
     coverage["missing"], coverage["lagging"] = missing, lagging
-    # Each rank's first non-finite step in the range (the non_finite alert's since_step).
-    marked = [r for r in answer["ranks"] if r["nonfinite_steps"]]
-    firsts = {}
-    if marked and answer["step_range"] is not None:
-        lo, hi = answer["step_range"]
-        firsts = found.stores.points.first_nonfinite(sid, lo, hi)
-    for row in answer["ranks"]:
-        first = firsts.get(row["rank"])
-        row["first_nonfinite_step"] = None if first is None else first[0]
 
 
 @router.get("/api/runs/{run_id}/stragglers")

@@ -222,17 +222,43 @@ class ChPoints:
             by_series.setdefault(int(sid), []).append(int(step))
         return by_series
 
-    def _ranges(self, sid: int, steps: list[int]) -> list[np.ndarray]:
-        """The steps to score again for these stale ones, by range (``step_stats.reach``)."""
-        later = np.array(
-            [row[0] for row in self._engine.rows(
-                f"SELECT step FROM {self._engine.table('step_stats')} FINAL"
-                " WHERE series_id = {sid:UInt64} AND step > {lo:Int64} AND n >= 2 ORDER BY step",
-                {"sid": sid, "lo": steps[0]},
-            )],
-            dtype=np.int64,
-        )  # fmt: skip
-        return _steps_of(reach(steps, later), steps, later)
+    def _ranges(self, chunks: dict[int, list[int]]) -> dict[int, list[np.ndarray]]:
+        """Per series, the steps to score again for these stale ones, by range
+        (``step_stats.reach``): one read for every series."""
+        sids = list(chunks)
+        rows = _columns(self._engine.rows(
+            f"SELECT series_id, step FROM {self._engine.table('step_stats')} FINAL"
+            " WHERE series_id IN {sids:Array(UInt64)} AND n >= 2 AND step >"
+            " arrayElement({los:Array(Int64)}, indexOf({sids:Array(UInt64)}, series_id))"
+            " ORDER BY series_id, step",
+            {"sids": sids, "los": [chunks[sid][0] for sid in sids]},
+        ), ("series_id", "step"))  # fmt: skip
+        of = rows["series_id"].astype(np.int64)
+        out = {}
+        for sid, steps in chunks.items():
+            later = rows["step"][of == sid].astype(np.int64)
+            out[sid] = _steps_of(reach(steps, later), steps, later)
+        return out
+
+    def _histories(self, befores: dict[int, int]) -> dict[int, np.ndarray]:
+        """Per series, the robust spreads of its last scored steps before its ``befores``
+        step with 2 finite values or more, oldest first: one read for every series."""
+        sids = list(befores)
+        rows = _columns(self._engine.rows(
+            "SELECT series_id, step, n, mad FROM"
+            f" {self._engine.table('step_stats')} FINAL WHERE series_id IN {{sids:Array(UInt64)}}"
+            " AND n >= 2 AND step <"
+            " arrayElement({befores:Array(Int64)}, indexOf({sids:Array(UInt64)}, series_id))"
+            " ORDER BY series_id, step DESC LIMIT {k:UInt32} BY series_id",
+            {"sids": sids, "befores": [befores[sid] for sid in sids], "k": REFERENCE_STEPS - 1},
+        ), ("series_id", "step", "n", "mad"))  # fmt: skip
+        of = rows["series_id"].astype(np.int64)
+        out = {}
+        for sid in sids:
+            mine = of == sid
+            n = rows["n"][mine].astype(np.int64)[::-1]
+            out[sid] = robust_spread(n, rows["mad"][mine].astype(np.float64)[::-1])
+        return out
 
     def _history(self, sid: int, before: int, fresh: dict[int, float | None]) -> np.ndarray:
         """The robust spreads of the series' last scored steps before ``before`` with 2
@@ -265,9 +291,8 @@ class ChPoints:
         read_at = engine.version()  # before the read: anything written later stays stale
         # Whole level-1 blocks: their rows are rebuilt from all their points. And the steps
         # whose reference spread takes a changed step's in, each range with its history.
-        ranges: dict[int, list[np.ndarray]] = {}
-        for sid, steps in chunks.items():
-            ranges[sid] = self._ranges(sid, steps)
+        ranges = self._ranges(chunks)
+        histories = self._histories({sid: int(parts[0].min()) for sid, parts in ranges.items()})
         wanted = {sid: np.concatenate(parts) for sid, parts in ranges.items()}
         found = engine.query_np(
             "SELECT series_id, step, rank, value, weight, world_size, local_rank FROM"
@@ -285,7 +310,9 @@ class ChPoints:
                 points = mine[np.isin(mine["step"], part)]
                 if not len(points):
                     continue
-                history = self._history(sid, int(part.min()), fresh)
+                history = (  # a later range's history holds the earlier ones' new spreads
+                    self._history(sid, int(part.min()), fresh) if fresh else histories[sid]
+                )
                 rows, delta, z, robust = step_stats(
                     points["step"].astype(np.int64), points["value"].astype(np.float64),
                     points["weight"].astype(np.float64), points["world_size"].astype(np.int64),
@@ -346,6 +373,13 @@ def _steps_of(
         else:
             parts.append(steps)
     return parts
+
+
+def _columns(rows: list[tuple[Any, ...]], names: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """Rows as numpy columns (none when there are no rows)."""
+    if not rows:
+        return {name: np.empty(0) for name in names}
+    return {name: np.array(column) for name, column in zip(names, zip(*rows), strict=True)}
 
 
 def _copy_int_scalars(engine: ChEngine) -> None:

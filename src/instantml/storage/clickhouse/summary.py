@@ -100,12 +100,7 @@ def rows(engine: ChEngine, series_id: int, params: SummaryParams) -> SummaryRows
         )
     ]
     if stats["nonfinite"].any():
-        step, rank, value = engine.rows(
-            f"SELECT step, rank, value FROM {points} FINAL WHERE {in_range}"
-            " AND NOT isFinite(value) ORDER BY step, rank LIMIT 1",
-            where,
-        )[0]
-        found.first_nonfinite = (int(step), int(rank), float(value))
+        found.nonfinite_firsts = first_nonfinite(engine, series_id, lo, hi)
     return found
 
 

@@ -77,14 +77,8 @@ def rows(
             " ORDER BY abs(o.robust_z) DESC, abs(o.z) DESC, o.step, o.rank",
             {**scores, "limit": params.outlier_limit},
         ).fetchall()
-        marked = np.flatnonzero(stats["nonfinite"] > 0)
-        if len(marked):  # the earliest step with a mark, then its lowest rank
-            step, rank, value = cur.execute(
-                "SELECT step, rank, value FROM rank_points WHERE series_id = $sid"
-                " AND step = $step AND NOT isfinite(value) ORDER BY rank LIMIT 1",
-                {"sid": series_id, "step": int(steps[marked[0]])},
-            ).fetchall()[0]
-            found.first_nonfinite = (int(step), int(rank), float(value))
+        if stats["nonfinite"].any():
+            found.nonfinite_firsts = first_nonfinite(cur, series_id, lo, hi)
         cur.execute("COMMIT")
     except BaseException:
         cur.execute("ROLLBACK")
