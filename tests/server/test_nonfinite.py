@@ -75,7 +75,7 @@ def test_every_mode_logs_nonfinite_values_as_marks(
     assert [s["nonfinite"] for s in got["steps"]] == [0, 0, 0, 1, 1, 1]
     assert [s["count"] for s in got["steps"]] == [4, 4, 4, 3, 3, 3]
     # Rank 2 reported every step (a NaN is a report), so coverage is full and nobody missing.
-    assert got["coverage"] == {"full_steps": 6, "partial_steps": 0, "missing": []}
+    assert got["coverage"] == {"full_steps": 6, "partial_steps": 0, "missing": [], "lagging": []}
     step3 = got["steps"][3]
     assert step3["mean"] == pytest.approx((3 + 4 + 6) / 3)  # ranks 0, 1, 3 only
     rank2 = next(r for r in got["ranks"] if r["rank"] == 2)

@@ -82,10 +82,10 @@ def test_event_lines_have_the_documented_shape(tmp_path: Path) -> None:
     }
     assert second["request"]["path"] == "/runs/shape/rank-metrics"
     assert [first["sequence"], second["sequence"], last["sequence"]] == [1, 2, 3]
-    assert last["request"] == {
+    assert last["request"] == {  # the rank that finishes: the server tells lost ranks by it
         "method": "PATCH",
         "path": "/runs/shape",
-        "body": {"status": "finished"},
+        "body": {"status": "finished", "rank": 0},
     }
 
 
