@@ -137,7 +137,7 @@ def test_runs_lists_runs(
         "updated",
     ]
     mine = next(row for row in rows if row.startswith(lost_node_run))
-    assert mine.split()[1:5] == ["summary", "running", "12", "11"]
+    assert mine.split()[1:5] == ["summary", "finished", "12", "11"]  # ingest() ends its runs
     empty = cli("runs", "--project", "nope", url=server.url, key=server.admin_key, home=tmp_path)
     assert empty.stdout.strip() == "No runs in project 'nope'."
 
@@ -198,3 +198,14 @@ def test_every_flag_has_help() -> None:
         if not action.help
     ]
     assert undocumented == []
+
+
+def test_runs_says_how_many_ranks_a_run_lost() -> None:
+    from instantml.cli.runs import _status
+
+    assert _status({"status": "finished", "ranks_lost": []}) == "finished"
+    assert _status({"status": "finished", "ranks_lost": [{"rank": 3, "last_step": 59}]}) == (
+        "finished, 1 rank lost"
+    )
+    two = [{"rank": 3, "last_step": 59}, {"rank": 4, "last_step": 60}]
+    assert _status({"status": "failed", "ranks_lost": two}) == "failed, 2 ranks lost"
