@@ -43,12 +43,6 @@ CREATE TABLE IF NOT EXISTS run_ranks (
     run_seq INTEGER NOT NULL, rank INTEGER NOT NULL, first_seen DOUBLE NOT NULL,
     last_seen DOUBLE NOT NULL, finished_at DOUBLE, PRIMARY KEY (run_seq, rank));
 """
-# A rank's arrival (first_seen, last_seen, finished_at); a finish also counts as seen.
-SEEN_UPSERT = (
-    "INSERT INTO run_ranks VALUES (?, ?, ?, ?, ?) ON CONFLICT (run_seq, rank) DO UPDATE SET"
-    " last_seen = greatest(run_ranks.last_seen, excluded.last_seen),"
-    " finished_at = coalesce(excluded.finished_at, run_ranks.finished_at)"
-)
 
 _COLUMNS = (
     "org_id, run_id, project, name, status, config, tags, metadata, created_at, updated_at,"
@@ -268,10 +262,23 @@ class DuckDBRuns:
 
     def _flush_seen(self) -> None:
         seen = self._staged.seen
-        if seen:
-            self._engine.con.executemany(
-                SEEN_UPSERT,
-                [[seq, rank, at, at, done] for (seq, rank), (at, done) in seen.items()],
+        if not seen:
+            return
+        slots = list(seen)
+        columns: dict[str, tuple[list[Any], Any]] = {
+            "seq": ([q for q, _ in slots], np.int32),
+            "rank": ([r for _, r in slots], np.int32),
+            "seen_at": ([seen[s][0] for s in slots], np.float64),
+            "done_at": ([np.nan if seen[s][1] is None else seen[s][1] for s in slots], np.float64),
+        }
+        with self._engine.rows("seen", columns) as (source, params):
+            self._engine.con.execute(
+                "INSERT INTO run_ranks SELECT seq, rank, seen_at, seen_at,"
+                f" CASE WHEN isnan(done_at) THEN NULL ELSE done_at END FROM {source}"
+                " ON CONFLICT (run_seq, rank) DO UPDATE SET"
+                " last_seen = greatest(run_ranks.last_seen, excluded.last_seen),"
+                " finished_at = coalesce(excluded.finished_at, run_ranks.finished_at)",
+                params,
             )
 
     def _flush_extents(self) -> None:
