@@ -280,3 +280,44 @@ def test_the_health_badge_and_banner(page: Any, server: ServerProcess, api: http
     page.wait_for_selector("main[data-ready=distributed]")
     assert "step_min=0" in page.url and "step_max=80" in page.url
     assert page.errors == []
+
+
+def test_lost_and_lagging_ranks(page: Any, server: ServerProcess, api: httpx.Client) -> None:
+    """A run whose rank 3 never finished while the others did reads "finished, 1 rank
+    lost" on the runs list; a live run's rank that is behind but sending is listed as
+    behind, not missing."""
+
+    def run(name: str, lag: float, ranks: dict[int, int]) -> str:
+        run_id = f"{name}-{uuid.uuid4().hex[:6]}"
+        api.post("/runs", json={"project": "dash", "id": run_id}).raise_for_status()
+        health = [{"path": "health/lag_seconds", "type": "health", "value": lag}]
+        api.post(f"/api/runs/{run_id}/attributes", json={"attributes": health}).raise_for_status()
+        events = [
+            {"event_id": f"{run_id}-{s}-{r}", "request": {"method": "POST",
+             "path": f"/runs/{run_id}/rank-metrics",
+             "body": {"metrics": {"loss": 1.0}, "step": s, "rank": r, "world_size": 4}}}
+            for r, last in ranks.items() for s in range(last + 1)
+        ]  # fmt: skip
+        api.post("/api/ingest", json={"events": events}).raise_for_status()
+        return run_id
+
+    lost = run("lost", 1.0, {0: 20, 1: 20, 2: 20, 3: 12})
+    for rank in (0, 1, 2):
+        body = {"status": "finished", "rank": rank}
+        api.patch(f"/runs/{lost}", json=body).raise_for_status()
+    live = run("live", 60.0, {0: 20, 1: 20, 2: 20, 3: 12})
+    deadline = time.monotonic() + 10  # rank 3 quiet for its 1 s of lag_seconds
+    while not api.get(f"/runs/{lost}").json()["run"]["ranks_lost"]:
+        assert time.monotonic() < deadline, "rank 3 not lost"
+        time.sleep(0.2)
+    assert api.get(f"/runs/{lost}").json()["run"]["ranks_lost"] == [{"rank": 3, "last_step": 12}]
+    page.goto(f"{server.url}/?token={server.admin_key}#/runs")
+    page.wait_for_selector("main[data-ready=runs]")
+    row = page.locator("#runs tbody tr", has=page.locator(f"text={lost}"))
+    assert "finished, 1 rank lost" in row.inner_text()
+    page.goto(f"{server.url}/?token={server.admin_key}#/runs/{live}/distributed?key=loss")
+    page.wait_for_selector("main[data-ready=distributed]")
+    shot(page, "lagging-rank")
+    listed = page.inner_text("#missing")
+    assert "rank 3 behind at step 12" in listed and "missing from" not in listed
+    assert page.errors == []
