@@ -209,3 +209,11 @@ def test_runs_says_how_many_ranks_a_run_lost() -> None:
     )
     two = [{"rank": 3, "last_step": 59}, {"rank": 4, "last_step": 60}]
     assert _status({"status": "failed", "ranks_lost": two}) == "failed, 2 ranks lost"
+
+
+def test_help_lists_every_command() -> None:
+    from instantml.cli import build_parser
+
+    text = build_parser().format_help()
+    for command in ("server", "demo", "sync", "runs", "ranks", "watch", "keys", "usage"):
+        assert f"instantml {command} " in text, command

@@ -70,9 +70,9 @@ def test_sign_in_link_to_distributed_tab(
     page.wait_for_selector("main[data-ready=overview]")
     assert "<i>text</i>" in page.inner_text("#config")  # config shown as text
     page.click("#tab-distributed")
-    page.wait_for_selector("main[data-ready=distributed]")
-    page.select_option("#key-select", "loss")  # the first key in sorted order is the hostile one
+    # A loss-like key first, not the first in sorted order (the hostile one).
     page.wait_for_selector("main[data-ready=distributed][data-key=loss]")
+    assert page.eval_on_selector("#key-select", "e => e.value") == "loss"
     shot(page, "distributed")
 
     # Coverage: the missing rank, named with the step it vanished.

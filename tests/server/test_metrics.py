@@ -95,3 +95,23 @@ def test_writes_to_an_unknown_run_are_404(api: httpx.Client) -> None:
         == 404
     )
     assert api.get("/api/runs/missing-run/keys").status_code == 404
+
+
+def test_a_key_is_asked_for_as_key_or_metric(api: httpx.Client, run_id: str) -> None:
+    """``key=`` names the metric on every route that reads one; ``metric=`` is its alias."""
+    api.post(f"/runs/{run_id}/metrics", json={"metrics": {"eval/acc": 0.5}, "step": 1})
+    api.post(f"/runs/{run_id}/rank-metrics",
+             json={"metrics": {"a/x": 1.0, "train/loss": 2.0}, "step": 1, "rank": 0,
+                   "world_size": 1})  # fmt: skip
+    for name in ("key", "metric"):
+        scalar = api.get(f"/api/runs/{run_id}/metrics", params={name: "eval/acc"})
+        assert scalar.status_code == 200 and scalar.json()["points"] == [[1, 0.5]]
+        points = api.get(f"/api/runs/{run_id}/rank-points", params={name: "a/x"})
+        assert points.status_code == 200 and points.json()["key"] == "a/x"
+        summary = api.get(f"/api/runs/{run_id}/distributed", params={name: "a/x"})
+        assert summary.status_code == 200 and summary.json()["key"] == "a/x"
+    for route in ("metrics", "rank-points"):
+        missing = api.get(f"/api/runs/{run_id}/{route}")
+        assert missing.status_code == 422 and missing.json()["error"].startswith("key:")
+    # No key asked for: a loss-like key, not the first in sorted order.
+    assert api.get(f"/api/runs/{run_id}/distributed").json()["key"] == "train/loss"

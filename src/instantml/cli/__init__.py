@@ -19,6 +19,7 @@ InstantML: experiment tracking with per-rank metrics for distributed training.
   instantml sync       upload a spool dir that spool-mode training processes wrote
   instantml runs       list runs
   instantml ranks      a run's Distributed summary in the terminal
+  instantml watch      a run's health alerts as they come (exit codes for job scripts)
   instantml keys       create, list and revoke API keys
   instantml usage      metric points used this month, and limits
 

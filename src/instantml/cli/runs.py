@@ -52,17 +52,9 @@ def runs(args: argparse.Namespace) -> int:
     return 0
 
 
-def default_key(keys: list[str]) -> str:
-    """The key to show when none is asked for: a loss if the run has one (``train/loss``
-    first), else the first in sorted order (the server's own default)."""
-    losses = [k for k in keys if "loss" in k.rsplit("/", 1)[-1].lower()]
-    if "train/loss" in losses:
-        return "train/loss"
-    return (losses or keys)[0]
-
-
 def ranks(args: argparse.Namespace) -> int:
     try:
+        from ..summary.params import default_key
         from ..summary.terminal import print_summary
     except ImportError as exc:
         raise CliError(

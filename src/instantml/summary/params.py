@@ -29,6 +29,17 @@ class SummaryParams:
             raise ValueError("z must be a finite number > 0")
 
 
+def default_key(keys: list[str]) -> str:
+    """The rank key a summary shows when none is asked for: a loss (a key whose last part
+    names one; ``train/loss`` first) when the run has one, else the first in sorted order.
+    The API, the dashboard (through the API) and ``instantml ranks`` all open on it."""
+    ordered = sorted(keys)
+    losses = [k for k in ordered if "loss" in k.rsplit("/", 1)[-1].lower()]
+    if "train/loss" in losses:
+        return "train/loss"
+    return (losses or ordered)[0]
+
+
 def bucket_size(first: int, last: int, distinct_steps: int, cap: int) -> int:
     """1 when the range holds at most ``cap`` distinct steps, else the equal width in step
     numbers that fits the range into ``cap`` buckets: ceil((last - first + 1) / cap)."""

@@ -306,17 +306,20 @@ async function showDistributed(run, rankKeys, params, body) {
     main.dataset.ready = "distributed";
     return;
   }
-  const key = rankKeys.includes(params.get("key")) ? params.get("key") : rankKeys[0];
+  // No key asked for (or one the run lacks): the server's default, a loss-like key.
+  const asked = rankKeys.includes(params.get("key")) ? params.get("key") : null;
   const lo = params.get("step_min"), hi = params.get("step_max");
-  const query = new URLSearchParams({ key, max_points: "500", heatmap_steps: "200" });
+  const query = new URLSearchParams({ max_points: "500", heatmap_steps: "200" });
+  if (asked !== null) query.set("key", asked);
   if (lo !== null) query.set("step_min", lo);
   if (hi !== null) query.set("step_max", hi);
   // Straggler scores of a timing key: the selected one if it is one, else perf/forward_ms.
-  const timingKey = /^perf\/.*_ms$/.test(key) ? key : rankKeys.includes("perf/forward_ms") ? "perf/forward_ms" : null;
+  const timingKey = asked !== null && /^perf\/.*_ms$/.test(asked) ? asked : rankKeys.includes("perf/forward_ms") ? "perf/forward_ms" : null;
   const [s, strag] = await Promise.all([
     api(`/api/runs/${encodeURIComponent(run.id)}/distributed?${query}`),
     timingKey ? api(`/api/runs/${encodeURIComponent(run.id)}/stragglers?${new URLSearchParams(hi !== null ? { key: timingKey, step_max: hi } : { key: timingKey })}`) : null,
   ]);
+  const key = s.key;
   const hashParams = new URLSearchParams({ key });
   if (lo !== null) hashParams.set("step_min", lo);
   if (hi !== null) hashParams.set("step_max", hi);

@@ -15,6 +15,7 @@ from .. import schemas, writes
 from ..apply import apply_one
 from ..body import read_json_object
 from ..errors import ApiError
+from ..keyquery import KeyName, required
 from ..responses import JSONResponse
 from ..services import require, services
 
@@ -22,7 +23,6 @@ router = APIRouter()
 CAPTURED = "string_series"  # the public SDK's capture_console: log_text under console/
 Ingest = Annotated[ApiKeyRecord, Depends(require("ingest"))]
 Read = Annotated[ApiKeyRecord, Depends(require("read"))]
-MetricKey = Annotated[str, Query(min_length=1, max_length=2048)]
 
 
 @router.post("/runs/{run_id}/metrics", openapi_extra=schemas.SCALARS)
@@ -116,10 +116,11 @@ def _points(stores: Stores, org_id: int, run_id: str, kind: int, metric: str) ->
 
 @router.get("/api/runs/{run_id}/metrics")
 async def scalar_series(
-    request: Request, run_id: str, key: Read, metric: MetricKey
+    request: Request, run_id: str, key: Read, name: KeyName = None
 ) -> dict[str, Any]:
     """One scalar series: ``points`` as ``[step, value]`` pairs (finite values), and
     ``nonfinite`` as ``[step, "nan" | "inf" | "-inf"]`` pairs."""
+    metric = required(name)
     stores = services(request).stores
     points = await run_in_threadpool(_points, stores, key.org_id, run_id, SCALAR, metric)
     if points is None:
@@ -131,10 +132,11 @@ async def scalar_series(
 
 @router.get("/api/runs/{run_id}/rank-points")
 async def rank_series(
-    request: Request, run_id: str, key: Read, metric: MetricKey
+    request: Request, run_id: str, key: Read, name: KeyName = None
 ) -> dict[str, Any]:
     """Every stored rank point of one key: ``[step, rank, value, weight, local_rank,
     world_size]``; a non-finite value as its mark, ``"nan"``, ``"inf"`` or ``"-inf"``."""
+    metric = required(name)
     stores = services(request).stores
     points = await run_in_threadpool(_points, stores, key.org_id, run_id, RANK, metric)
     if points is None:

@@ -12,9 +12,11 @@ from ...storage.records import RANK, ApiKeyRecord
 from ...summary import SummaryParams
 from ...summary.assemble import assemble
 from ...summary.coverage import seen_before, split_lagging
+from ...summary.params import default_key
 from ...summary.stragglers import DEFAULT_KEY, DEFAULT_WINDOW, scores
 from ..commands import Envelope, Refresh
 from ..errors import ApiError
+from ..keyquery import KeyName
 from ..responses import JSONResponse
 from ..services import Services, require, services
 
@@ -25,8 +27,8 @@ Read = Annotated[ApiKeyRecord, Depends(require("read"))]
 async def _rank_series(
     found: Services, org_id: int, run_id: str, metric: str | None
 ) -> tuple[list[str], str, int]:
-    """The run's rank keys, the key asked for (default: the first), and its series; 404s
-    that name what exists."""
+    """The run's rank keys, the key asked for (default: a loss, ``default_key``), and its
+    series; 404s that name what exists."""
     series = await run_in_threadpool(found.stores.runs.series, org_id, run_id)
     if series is None:
         raise ApiError(404, f"run {run_id!r} not found")
@@ -35,7 +37,7 @@ async def _rank_series(
     if metric is None:
         if not keys:
             raise ApiError(404, f"run {run_id!r} has no rank metrics yet")
-        metric = keys[0]
+        metric = default_key(keys)
     elif metric not in ids:
         listed = ", ".join(repr(k) for k in keys[:20]) + (", ..." if len(keys) > 20 else "")
         raise ApiError(
@@ -49,7 +51,7 @@ async def distributed(
     request: Request,
     run_id: str,
     key: Read,
-    metric: Annotated[str | None, Query(alias="key", min_length=1, max_length=2048)] = None,
+    metric: KeyName = None,
     step_min: Annotated[int | None, Query(ge=0)] = None,
     step_max: Annotated[int | None, Query(ge=0)] = None,
     max_points: Annotated[int, Query(ge=1, le=10_000)] = 500,
@@ -111,7 +113,7 @@ async def stragglers(
     request: Request,
     run_id: str,
     key: Read,
-    metric: Annotated[str, Query(alias="key", min_length=1, max_length=2048)] = DEFAULT_KEY,
+    metric: KeyName = None,
     window: Annotated[int, Query(ge=1, le=100_000)] = DEFAULT_WINDOW,
     step_max: Annotated[int | None, Query(ge=0)] = None,
 ) -> dict[str, Any]:
@@ -120,7 +122,7 @@ async def stragglers(
     below the run's ``straggler_score`` (0.75), from ``straggler_min_steps`` samples and
     ``straggler_min_ms`` above the fastest, a straggler."""
     found = services(request)
-    _, metric, sid = await _rank_series(found, key.org_id, run_id, metric)
+    _, metric, sid = await _rank_series(found, key.org_id, run_id, metric or DEFAULT_KEY)
     step_range, medians = await run_in_threadpool(
         found.stores.points.window_medians, sid, window, step_max
     )
