@@ -29,6 +29,10 @@ class Model(pl.LightningModule):
         self.log("train_loss", loss)
         return loss
 
+    def validation_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+        x, y = batch
+        self.log("val_loss", torch.nn.functional.mse_loss(self.layer(x), y), sync_dist=True)
+
     def configure_optimizers(self):  # type: ignore[no-untyped-def]
         return torch.optim.SGD(self.parameters(), lr=0.05)
 
@@ -46,6 +50,9 @@ if __name__ == "__main__":
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
+        val_check_interval=10,  # epochs of 16 steps: validation after steps 10 and 26
+        limit_val_batches=2,
+        num_sanity_val_steps=0,
         callbacks=[InstantMLCallback(project=PROJECT, name="lightning-ddp")],
     )
-    trainer.fit(Model(), DataLoader(data, batch_size=8))
+    trainer.fit(Model(), DataLoader(data, batch_size=8), DataLoader(data, batch_size=8))

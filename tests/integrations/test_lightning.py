@@ -38,3 +38,7 @@ def test_every_rank_logs_into_one_run_and_the_slow_one_is_flagged(
     assert run["config"]["lr"] == 0.05 and run["config"]["hidden"] == 8
     keys = {k["key"]: k["kind"] for k in api.get(f"/api/runs/{run_id}/keys").json()["keys"]}
     assert keys["train_loss"] == "scalar"
+    # The last val_loss is logged when a validation made it, not again at every step after.
+    val = api.get(f"/api/runs/{run_id}/metrics", params={"key": "val_loss"}).json()["points"]
+    assert [step for step, _ in val] == [10, 26], val  # not at steps 11-25, 27-30
+    assert val[0][1] != val[1][1]

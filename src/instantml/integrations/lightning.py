@@ -64,6 +64,7 @@ class _Hooks:
         self.run: Run | None = None
         self._steps: RankSteps | None = None
         self._step_at_start = -1
+        self._logged: dict[str, Any] = {}  # each scalar's value as last logged (rank 0)
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if self.run is not None:
@@ -116,13 +117,19 @@ class _Hooks:
             self._log_scalars(trainer)
 
     def _log_scalars(self, trainer: Any) -> None:
+        """Rank 0's scalars: those ``callback_metrics`` holds anew since the last log. It
+        keeps the last validation's values (``val_loss``) through every training step
+        after it, as the same objects: those are logged when they change (compared by
+        identity, so no device value is read to compare)."""
         assert self.run is not None
         scalars = {
             str(k): v
             for k, v in trainer.callback_metrics.items()
             if getattr(v, "ndim", 0) == 0 and not isinstance(v, (str, bool))
-        }
+            and self._logged.get(str(k)) is not v
+        }  # fmt: skip
         if scalars:
+            self._logged.update(scalars)
             self.run.log(scalars, step=trainer.global_step)
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
