@@ -7,14 +7,22 @@ import uuid
 from pathlib import Path
 
 import httpx
+import pytest
 
 from instantml.server.process import ServerProcess, free_port
 from tests.integrations.conftest import HERE, needs, only_run, ranks_of, run_job
 
 
+@pytest.mark.parametrize(
+    ("average", "accumulate"), [("average", 1), ("per-rank", 1), ("average", 2)]
+)
 def test_each_rank_logs_its_own_loss_into_one_run(
-    server: ServerProcess, api: httpx.Client, tmp_path: Path
+    server: ServerProcess, api: httpx.Client, tmp_path: Path, average: str, accumulate: int
 ) -> None:
+    """Each rank's own loss on the Trainer's scale: their mean is the Trainer's logged
+    ``loss`` (within 10%: the Trainer's averages the steps since its last log), with the
+    loss averaged over every rank's tokens (transformers' default) or each rank's, and
+    with gradient accumulation."""
     needs("transformers", "torch", "accelerate")
     project = f"hf-{uuid.uuid4().hex[:6]}"
     torchrun = [
@@ -22,8 +30,9 @@ def test_each_rank_logs_its_own_loss_into_one_run(
         "--rdzv-backend=static", "--master-addr=127.0.0.1", f"--master-port={free_port()}",
         "--node-rank=0",
     ]  # fmt: skip
-    run_job([*torchrun, str(HERE / "transformers_job.py"), project, str(tmp_path / "out")],
-            server, tmp_path)  # fmt: skip
+    job = [str(HERE / "transformers_job.py"), project, str(tmp_path / "out"), average,
+           str(accumulate)]  # fmt: skip
+    run_job([*torchrun, *job], server, tmp_path)
     run_id = str(only_run(api, project)["id"])
     run = api.get(f"/runs/{run_id}").json()["run"]  # with the config logged after creation
     assert run["status"] == "finished" and run["world_size"] == 2
@@ -36,4 +45,9 @@ def test_each_rank_logs_its_own_loss_into_one_run(
     assert by_rank[0] != by_rank[1]  # each rank's own batches, not the Trainer's mean
     keys = {k["key"]: k["kind"] for k in api.get(f"/api/runs/{run_id}/keys").json()["keys"]}
     assert keys.get("loss") == "scalar"  # rank 0's copy of the Trainer's own logs
+    trainer = api.get(f"/api/runs/{run_id}/metrics", params={"key": "loss"}).json()["points"]
+    assert [int(step) for step, _ in trainer] == steps
+    for step, logged in trainer:
+        mine = [p[2] for p in points["points"] if p[0] == step]
+        assert abs(sum(mine) / len(mine) - logged) <= 0.1 * logged, (step, mine, logged)
     assert run["config"]["model/n_embd"] == 16 and run["config"]["logging_steps"] == 2

@@ -9,6 +9,10 @@ from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 from instantml.integrations.transformers import InstantMLCallback
 
 PROJECT, OUTPUT = sys.argv[1], sys.argv[2]
+# transformers' default averages the loss over every rank's tokens; gradient accumulation
+# makes each optimizer step several forwards.
+AVERAGE = sys.argv[3] == "average" if len(sys.argv) > 3 else True
+ACCUMULATE = int(sys.argv[4]) if len(sys.argv) > 4 else 1
 
 
 class Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
@@ -30,6 +34,8 @@ if __name__ == "__main__":
     args = TrainingArguments(
         output_dir=OUTPUT,
         per_device_train_batch_size=4,
+        gradient_accumulation_steps=ACCUMULATE,
+        average_tokens_across_devices=AVERAGE,
         max_steps=8,
         logging_steps=2,
         use_cpu=True,

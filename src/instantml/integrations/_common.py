@@ -57,6 +57,9 @@ class RankSteps:
         self.every = max(1, every)
         self.clock = StepClock()
         self.losses: list[Any] = []  # this optimizer step's losses (one per micro-batch)
+        # Whether the micro-batches' losses are parts of the step's (summed), not each a
+        # loss of its own (averaged): Hugging Face divides by the step's token count.
+        self.summed = False
         self.logging = False  # whether the step under way will be logged
 
     def begin(self, step: int) -> None:
@@ -82,18 +85,21 @@ class RankSteps:
             return
         values: dict[str, Any] = {**timing, **system_metrics()}
         if self.losses:
-            values[LOSS] = self.losses[0] if len(self.losses) == 1 else _mean(self.losses)
+            values[LOSS] = (
+                self.losses[0] if len(self.losses) == 1 else _combine(self.losses, self.summed)
+            )
         self.run.log_rank_metrics(
             values, step, rank=self.rank, world_size=self.world_size, local_rank=self.local_rank
         )
 
 
-def _mean(losses: list[Any]) -> Any:
-    """The mean of micro-batch losses (tensors stay tensors: no device sync here)."""
+def _combine(losses: list[Any], summed: bool) -> Any:
+    """The sum, or the mean, of micro-batch losses (tensors stay tensors: no device sync
+    here)."""
     total = losses[0]
     for loss in losses[1:]:
         total = total + loss
-    return total / len(losses)
+    return total if summed else total / len(losses)
 
 
 def start_run(

@@ -2,8 +2,8 @@
 ``Trainer(..., callbacks=[InstantMLCallback(project=...)])``.
 
 Every rank logs into the one run of the job, every ``logging_steps`` optimizer steps: its
-own loss as ``train/loss`` (the model's output loss on this rank, before the Trainer's mean
-over processes, which is all its own logs hold), ``perf/step_time_ms``,
+own loss as ``train/loss``, on the scale the Trainer reports (its mean over the ranks is
+the Trainer's logged ``loss``), ``perf/step_time_ms``,
 ``perf/data_wait_ms`` (from the end of the last step: the batches' fetch),
 ``perf/forward_ms`` (the model's forward passes of the step, timed by hooks on the model),
 ``system/*``. Rank 0 also logs the Trainer's own logs (its averaged loss, learning rate,
@@ -32,6 +32,19 @@ def _broadcast(mine: str) -> str:
     box = [mine]
     dist.broadcast_object_list(box, src=0)
     return str(box[0])
+
+
+def _loss_scale(args: Any, kwargs: dict[str, Any]) -> float | None:
+    """How the Trainer scales this forward's loss into the step's, or None when it averages
+    the micro-batches' losses. Given ``num_items_in_batch`` (the step's label tokens), the
+    model divides its token losses by it, so the micro-batches' losses add up to the
+    step's; with ``average_tokens_across_devices`` (transformers' default) that count is
+    every rank's, and the Trainer multiplies by the processes to get the rank's own."""
+    if kwargs.get("num_items_in_batch") is None:
+        return None
+    if not getattr(args, "average_tokens_across_devices", False):
+        return 1.0
+    return float(args.world_size if getattr(args, "n_gpu", 1) <= 1 else args.n_gpu)
 
 
 def _output_loss(output: Any) -> Any:
@@ -64,12 +77,14 @@ class InstantMLCallback(TrainerCallback):
         self.run: Run | None = None
         self._steps: RankSteps | None = None
         self._hooks: list[Any] = []
+        self._args: Any = None
 
     def on_train_begin(
         self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any
     ) -> None:
         if self.run is not None:
             return
+        self._args = args
         rank = args.process_index
         run_id = agree_on_run_id(self._run_id, rank, _broadcast)
         self.run = start_run(self.project, run_id, self._init_kwargs, self.name, self.tags)
@@ -91,7 +106,7 @@ class InstantMLCallback(TrainerCallback):
         if model is not None:
             self._hooks = [
                 model.register_forward_pre_hook(self._forward_start),
-                model.register_forward_hook(self._forward_end),
+                model.register_forward_hook(self._forward_end, with_kwargs=True),
             ]
 
     def _forward_start(self, module: Any, args: Any) -> None:
@@ -99,14 +114,16 @@ class InstantMLCallback(TrainerCallback):
         if steps is not None and steps.clock.running and module.training:
             steps.clock.forward_start()
 
-    def _forward_end(self, module: Any, args: Any, output: Any) -> None:
+    def _forward_end(self, module: Any, args: Any, kwargs: dict[str, Any], output: Any) -> None:
         steps = self._steps
         if steps is not None and steps.clock.running and module.training:
             steps.clock.forward_end()
             if steps.logging:
                 loss = _output_loss(output)
                 if loss is not None:
-                    steps.keep_loss(loss)
+                    scale = _loss_scale(self._args, kwargs)
+                    steps.summed = scale is not None
+                    steps.keep_loss(loss if scale in (None, 1.0) else loss.detach() * scale)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         if self._steps is not None:
