@@ -321,3 +321,56 @@ def test_lost_and_lagging_ranks(page: Any, server: ServerProcess, api: httpx.Cli
     listed = page.inner_text("#missing")
     assert "rank 3 behind at step 12" in listed and "missing from" not in listed
     assert page.errors == []
+
+
+def test_pages_fit_a_1280_px_window(page: Any, server: ServerProcess, api: httpx.Client) -> None:
+    """At 1280 px no card is wider than the page, scalars logged once show as values (not
+    empty charts), a config's None is null, and Plotly's tips do not stay on the page."""
+    run_id = f"fit-{uuid.uuid4().hex[:6]}"
+    long_name = "a-rather-long-run-name-" + "x" * 60
+    api.post("/runs", json={"project": "fit", "id": run_id, "name": long_name,
+                            "config": {"warmup": None, "lr": 0.1}}).raise_for_status()  # fmt: skip
+    events = [{"event_id": f"{run_id}-s{s}", "request": {"method": "POST",
+               "path": f"/runs/{run_id}/metrics",
+               "body": {"metrics": {"eval/loss": 1.0 / (s + 1)}, "step": s}}}
+              for s in range(20)]  # fmt: skip
+    events.append({"event_id": f"{run_id}-flos", "request": {"method": "POST",
+                   "path": f"/runs/{run_id}/metrics",
+                   "body": {"metrics": {"total_flos": 999041.0e9}, "step": 20}}})  # fmt: skip
+    events += [{"event_id": f"{run_id}-{s}-{r}", "request": {"method": "POST",
+                "path": f"/runs/{run_id}/rank-metrics",
+                "body": {"metrics": {"train/loss": 1.0 + 0.01 * r + (5.0 if r == 3 and s % 7 == 0 else 0),
+                                     "perf/forward_ms": 10.0 + r}, "step": s, "rank": r,
+                         "world_size": 16, "local_rank": r % 8}}}
+               for s in range(60) for r in range(16)]  # fmt: skip
+    api.post("/api/ingest", json={"events": events}).raise_for_status()
+    page.set_viewport_size({"width": 1280, "height": 900})
+
+    def fits(where: str) -> None:
+        wide = page.evaluate(
+            "[document.documentElement.scrollWidth, ...[...document.querySelectorAll('.card')]"
+            ".filter(c => c.scrollWidth > c.clientWidth + 1).map(c => c.querySelector('h3')?.textContent)]"
+        )
+        assert wide[0] <= 1280 and wide[1:] == [], (where, wide)
+
+    page.goto(f"{server.url}/?token={server.admin_key}#/runs")
+    page.wait_for_selector("main[data-ready=runs]")
+    fits("runs")
+    page.goto(f"{server.url}/?token={server.admin_key}#/runs/{run_id}")
+    page.wait_for_selector("main[data-ready=overview]")
+    fits("overview")
+    values = page.inner_text("#single-values")
+    assert "total_flos" in values and "eval/loss" not in values
+    assert '"warmup": null' in page.inner_text("#config")
+    page.goto(f"{server.url}/?token={server.admin_key}#/runs/{run_id}/distributed")
+    page.wait_for_selector("main[data-ready=distributed]")
+    fits("distributed")
+    shot(page, "distributed-1280")
+    band = page.locator("#band .nsewdrag").first.bounding_box()
+    page.mouse.move(band["x"] + 50, band["y"] + 50)
+    page.mouse.down()
+    page.mouse.move(band["x"] + 200, band["y"] + 60)
+    page.mouse.up()
+    time.sleep(1.0)
+    assert page.evaluate("document.querySelectorAll('.notifier-note').length") == 0
+    assert page.errors == []

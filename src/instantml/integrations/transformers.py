@@ -94,7 +94,8 @@ class InstantMLCallback(TrainerCallback):
         if state.is_world_process_zero:
             model_config = getattr(model, "config", None)
             config = {
-                **(args.to_sanitized_dict() if hasattr(args, "to_sanitized_dict") else {}),
+                # to_dict keeps None as None (to_sanitized_dict writes it as "None").
+                **(args.to_dict() if hasattr(args, "to_dict") else {}),
                 **(
                     {f"model/{k}": v for k, v in model_config.to_dict().items()}
                     if model_config

@@ -92,6 +92,23 @@ function statusBadge(run) {
   return wrap;
 }
 
+// Plotly's tips ("Double-click to zoom back out") stay on the page once shown: off.
+const PLOTLY_CONFIG = { displaylogo: false, responsive: true, showTips: false };
+
+// A table that may be wider than its card scrolls inside it, never the page.
+function tableWrap(t) {
+  return el("div", { class: "table-wrap" }, t);
+}
+
+// A card's rows cut at its height say so, and that they scroll.
+function scrollBox(t, short = false) {
+  const box = el("div", { class: short ? "scroll short" : "scroll" }, t);
+  const hint = el("p", { class: "muted scroll-hint", text: "more rows: scroll the table" });
+  hint.hidden = true;
+  requestAnimationFrame(() => { hint.hidden = box.scrollHeight <= box.clientHeight + 1; });
+  return el("div", {}, box, hint);
+}
+
 function table(columns, rows, { sortable = false, id } = {}) {
   const head = el("tr");
   const body = el("tbody");
@@ -164,10 +181,11 @@ async function showRuns(params) {
     { title: "world size", value: (r) => r.world_size, num: true },
     { title: "last step", value: (r) => r.last_step, num: true },
     { title: "created", value: (r) => r.created_at, render: (r) => new Date(r.created_at * 1000).toLocaleString() },
-    { title: "id", value: (r) => r.id, render: (r) => el("code", { text: r.id }) },
+    // The id beside a name; a run without one is shown by its id once, in "name".
+    { title: "id", value: (r) => r.id, render: (r) => (r.name ? el("code", { text: r.id }) : "") },
   ], shown.runs, { sortable: true, id: "runs" });
   main.replaceChildren(el("div", { class: "card" },
-    el("div", { class: "toolbar" }, el("h3", { text: `Runs (${shown.runs.length})` }), select), runs));
+    el("div", { class: "toolbar" }, el("h3", { text: `Runs (${shown.runs.length})` }), select), tableWrap(runs)));
   main.dataset.ready = "runs";
 }
 
@@ -249,16 +267,27 @@ async function showOverview(run, scalarKeys, body) {
   const charts = el("div", { class: "grid2" });
   body.append(charts);
   const series = await Promise.all(scalarKeys.map((k) =>
-    api(`/api/runs/${encodeURIComponent(run.id)}/metrics?metric=${encodeURIComponent(k)}`)));
+    api(`/api/runs/${encodeURIComponent(run.id)}/metrics?key=${encodeURIComponent(k)}`)));
   await plotlyReady;
-  series.forEach((s) => {
+  // A scalar logged once (a run's total_flos, train_runtime...) is a value, not a chart.
+  const single = series.filter((s) => s.points.length + s.nonfinite.length === 1);
+  if (single.length) {
+    const values = table([
+      { title: "key", value: (s) => s.key },
+      { title: "value", value: (s) => (s.points.length ? s.points[0][1] : s.nonfinite[0][1]), num: true },
+      { title: "step", value: (s) => (s.points.length ? s.points[0][0] : s.nonfinite[0][0]), num: true },
+    ], single, { id: "single-values" });
+    body.insertBefore(el("div", { class: "card" }, el("h3", { text: "Values logged once" }), tableWrap(values)), charts);
+  }
+  series.filter((s) => !single.includes(s)).forEach((s) => {
     const div = el("div", { class: "chart" });
     const marks = s.nonfinite.length
       ? el("p", { class: "callout-text", text: `Non-finite at ${s.nonfinite.length} step(s), first at step ${s.nonfinite[0][0]} (${s.nonfinite[0][1]})` })
       : "";
     charts.append(el("div", { class: "card" }, el("h3", { text: s.key }), marks, div));
     Plotly.newPlot(div, [{ x: s.points.map((p) => p[0]), y: s.points.map((p) => p[1]), mode: "lines", name: "value" }],
-      { margin: { t: 10, r: 10, b: 30, l: 50 }, xaxis: { title: { text: "step" } } }, { displaylogo: false, responsive: true });
+      { margin: { t: 10, r: 10, b: 30, l: 60 }, xaxis: { title: { text: "step" } }, yaxis: { exponentformat: "e" } },
+      PLOTLY_CONFIG);
   });
   if (!scalarKeys.length) charts.append(el("p", { class: "muted", text: "No run-level scalars; see the Distributed tab." }));
   const logs = await api(`/api/runs/${encodeURIComponent(run.id)}/logs?limit=${CONSOLE_LINES}`);
@@ -275,7 +304,7 @@ async function showOverview(run, scalarKeys, body) {
 // A small panel: the uploader's latest health report, and a warning when it falls behind.
 async function uploadHealth(run, healthKeys) {
   const series = await Promise.all(healthKeys.map((k) =>
-    api(`/api/runs/${encodeURIComponent(run.id)}/metrics?metric=${encodeURIComponent(k)}`)));
+    api(`/api/runs/${encodeURIComponent(run.id)}/metrics?key=${encodeURIComponent(k)}`)));
   const latest = {};
   let at = null;
   series.forEach((s) => {
@@ -389,14 +418,14 @@ async function showDistributed(run, rankKeys, params, body) {
   ], s.ranks, { sortable: true, id: "ranks" });
   const shown = s.outliers.length < s.outliers_total ? `${s.outliers.length} of ${s.outliers_total}` : `${s.outliers_total}`;
   body.append(el("div", { class: "grid2" },
-    el("div", { class: "card" }, el("h3", { id: "outliers-title", text: `Outliers (${shown}; |z| ≥ 3 or |robust z| ≥ 3.5)` }), el("div", { class: "scroll" }, outliers)),
-    el("div", { class: "card" }, el("h3", { text: "Per rank (noisiest first)" }), el("div", { class: "scroll" }, ranks))));
+    el("div", { class: "card" }, el("h3", { id: "outliers-title", text: `Outliers (${shown}; |z| ≥ 3 or |robust z| ≥ 3.5)` }), scrollBox(outliers)),
+    el("div", { class: "card" }, el("h3", { text: "Per rank (noisiest first)" }), scrollBox(ranks))));
 
   const x = s.steps.map((p) => p.step);
   const col = (name) => s.steps.map((p) => p[name]);
   const layout = (extra) => ({ margin: { t: 10, r: 10, b: 35, l: 55 }, xaxis: { title: { text: "step" } },
     legend: { orientation: "h" }, ...extra });
-  const config = { displaylogo: false, responsive: true };
+  const config = PLOTLY_CONFIG;
   const bandTraces = [
     { x, y: col("max"), mode: "lines", line: { width: 0 }, name: "max", hoverinfo: "skip", showlegend: false },
     { x, y: col("min"), mode: "lines", line: { width: 0 }, fill: "tonexty", fillcolor: "rgba(37,99,235,0.12)", name: "min–max" },
@@ -455,7 +484,7 @@ function stragglerCard(strag) {
   return el("div", { class: "card" },
     el("h3", { text: `Stragglers on ${strag.key} (last ${strag.window} steps, ${span}; score = fastest median / rank's median, below ${strag.threshold} flagged)` }),
     el("p", { id: "straggler-verdict", class: flagged.length ? "callout-text" : "muted", text: verdict }),
-    el("div", { class: "scroll short" }, rows));
+    scrollBox(rows, true));
 }
 
 // ---------- routing ----------
