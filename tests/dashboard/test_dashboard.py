@@ -315,6 +315,8 @@ def test_lost_and_lagging_ranks(page: Any, server: ServerProcess, api: httpx.Cli
     page.wait_for_selector("main[data-ready=runs]")
     row = page.locator("#runs tbody tr", has=page.locator(f"text={lost}"))
     assert "finished, 1 rank lost" in row.inner_text()
+    # An unnamed run is shown by its id once (in "name"), not again in "id".
+    assert row.inner_text().count(lost) == 1
     page.goto(f"{server.url}/?token={server.admin_key}#/runs/{live}/distributed?key=loss")
     page.wait_for_selector("main[data-ready=distributed]")
     shot(page, "lagging-rank")
