@@ -51,3 +51,4 @@ def test_each_rank_logs_its_own_loss_into_one_run(
         mine = [p[2] for p in points["points"] if p[0] == step]
         assert abs(sum(mine) / len(mine) - logged) <= 0.1 * logged, (step, mine, logged)
     assert run["config"]["model/n_embd"] == 16 and run["config"]["logging_steps"] == 2
+    assert run["config"]["optim_args"] is None  # None as null, not the text "None"
