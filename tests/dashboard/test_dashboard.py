@@ -368,6 +368,13 @@ def test_pages_fit_a_1280_px_window(page: Any, server: ServerProcess, api: httpx
     page.wait_for_selector("main[data-ready=distributed]")
     fits("distributed")
     shot(page, "distributed-1280")
+    # 16 ranks: the per-rank table is cut at its card's height, and says it scrolls.
+    assert (
+        page.evaluate(
+            "[...document.querySelectorAll('.scroll-hint')].filter(h => !h.hidden).length"
+        )
+        >= 1
+    )
     band = page.locator("#band .nsewdrag").first.bounding_box()
     page.mouse.move(band["x"] + 50, band["y"] + 50)
     page.mouse.down()
