@@ -52,13 +52,14 @@ def missing(
     known: dict[int, int] | None = None,
     first_after: Any = None,
     waiting: set[int] | None = None,
+    held: frozenset[int] = frozenset(),
 ) -> list[detectors.Finding]:
     """rank_missing, with every rank heard from long ago unless ``activity`` says."""
     if activity is None:
         ranks = {int(r) for w in windows for r in w.rank}
         activity = seen(dict.fromkeys(ranks, 100.0), first=50.0)
     return detectors.rank_missing(
-        windows, th, now, activity, known or {}, first_after or (lambda s: None), waiting
+        windows, th, now, activity, known or {}, first_after or (lambda s: None), waiting, held
     )
 
 
@@ -91,6 +92,19 @@ def test_a_rank_that_is_behind_but_sending_is_not_missing() -> None:
     assert missing([w], now=2000.0, activity=started) == []
     (late,) = missing([w], now=2006.0, activity=started)
     assert (late.rank, late.since_step) == (2, 0) and "never reported" in late.message
+
+
+def test_an_open_alert_holds_while_the_rank_is_behind() -> None:
+    """A late upload that leaves the rank behind (it sent something: not quiet) keeps its
+    open alert, at the new first missed step; caught up, it is gone."""
+    behind = grid(range(60), world=4, skip=lambda s, r: r == 1 and s >= 55)
+    w = window("loss", behind, world=4)
+    just_sent = seen({0: 1999.0, 1: 1999.0, 2: 1999.0, 3: 1999.0})
+    assert missing([w], now=2000.0, activity=just_sent) == []
+    (held,) = missing([w], now=2000.0, activity=just_sent, held=frozenset({1}))
+    assert (held.rank, held.since_step) == (1, 55)
+    caught_up = window("loss", grid(range(60), world=4), world=4)
+    assert missing([caught_up], now=2000.0, activity=just_sent, held=frozenset({1})) == []
 
 
 def test_a_rank_that_never_finished_when_the_others_did() -> None:

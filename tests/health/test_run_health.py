@@ -322,3 +322,25 @@ def test_a_run_with_many_keys_is_read_in_turn(start_server: Callable[..., Server
                                        for k in keys} for r in range(WORLD)})  # fmt: skip
             time.sleep(0.6)
         assert [a["id"] for a in _open(api, run, "outlier_burst")] == [burst["id"]]
+
+
+def test_a_late_upload_moves_an_open_alert(
+    start_server: Callable[..., ServerProcess], receiver: Receiver
+) -> None:
+    """Rank 3's last steps arrive after its alert opened, and it is still behind: the
+    alert moves to the new first missed step, is not resolved and reopened, and is posted
+    once."""
+    server = start_server(env=QUICK)
+    with _api(server) as api:
+        _hook(api, receiver.url)
+        run = _run(api, "late")
+        _steps(api, run, {s: {r: {"loss": 1.0} for r in range(WORLD) if r != 3 or s < 10}
+                          for s in range(20)})  # fmt: skip
+        (alert,) = _wait("rank_missing", lambda: _open(api, run, "rank_missing"))
+        assert alert["since_step"] == 10
+        _steps(api, run, {s: {3: {"loss": 1.0}} for s in range(10, 15)})  # late, still behind
+        _wait("moved", lambda: [a["since_step"] for a in _open(api, run, "rank_missing")] == [15])
+        time.sleep(2.5)  # past the lag again: no second alert
+        assert [a["id"] for a in _health(api, run)["alerts"]] == [alert["id"]]
+        _wait("one post", lambda: receiver.alerts(run))
+        assert len(receiver.alerts(run)) == 1

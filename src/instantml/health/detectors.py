@@ -63,6 +63,7 @@ def rank_missing(
     known_last: Mapping[int, int],
     first_after: Callable[[int | None], int | None],
     waiting: set[int] | None = None,
+    held: frozenset[int] = frozenset(),
 ) -> list[Finding]:
     """Ranks below the world size of the latest step that are missing: outpaced by
     ``missing_steps`` steps that other ranks reported AND quiet (nothing received from
@@ -106,7 +107,7 @@ def rank_missing(
         behind = len(after) >= th.missing_steps or unfinished
         if waiting is not None and behind and quiet < quiet_after:
             waiting.add(rank)
-        if len(after) >= th.missing_steps and quiet >= quiet_after:
+        if len(after) >= th.missing_steps and (quiet >= quiet_after or rank in held):
             where = "never reported" if seen is None else f"last reported step {seen}"
             reason = f"{where}; {len(after)} steps reported by other ranks since"
         elif mine is not None and quiet >= th.silent_seconds and now - lately < th.silent_seconds:

@@ -38,6 +38,7 @@ KEYS_PER_LOOK = 64
 # monitor yields to the writer, and an alert still comes within about two seconds.
 LOOK_SHARE, MAX_GAP = 0.1, 1.5
 ATTRIBUTE_TYPE, ATTRIBUTE_PREFIX = "health", "health/"  # as server/writes.py checks them
+MOVING = frozenset({"rank_missing", "non_finite"})  # kinds whose since_step follows the points
 
 
 def alert_url(base: str, alert: AlertRecord) -> str:
@@ -188,13 +189,14 @@ class HealthMonitor:
         held = {alert.ident: alert for alert in open_alerts}
         found = {finding.ident for finding in findings}
         new = [_alert(org_id, run_id, f, now) for f in findings if f.ident not in held]
-        # An open alert follows its finding's first step (late points move it).
+        # An open alert whose first step is read from the stored points follows them (late
+        # points move it); a burst or a straggler keeps the step it opened at.
         moved = [
             dataclasses.replace(
                 held[f.ident], since_step=f.since_step, since_time=f.since_time, message=f.message
             )
             for f in findings
-            if f.ident in held and held[f.ident].since_step != f.since_step
+            if f.kind in MOVING and f.ident in held and held[f.ident].since_step != f.since_step
         ]
         gone = [
             alert.alert_id
@@ -249,11 +251,9 @@ class HealthMonitor:
         with self._lock:
             flagged = ident in self._nonfinite
             self._nonfinite.discard(ident)
-        alerted = {
-            (a.rank, a.key)
-            for a in self._stores.health.alerts(*ident, open_only=True)
-            if a.kind == "non_finite"
-        }
+        held = self._stores.health.alerts(*ident, open_only=True)
+        alerted = {(a.rank, a.key) for a in held if a.kind == "non_finite"}
+        missing = frozenset(a.rank for a in held if a.kind == "rank_missing")
         for sid, key in ranked:
             columns = points.window_points(sid, span)
             window = KeyWindow(key, **columns)
@@ -279,7 +279,7 @@ class HealthMonitor:
         waiting: set[int] = set()
         findings += detectors.rank_missing(
             windows, th, now, activity, known, lambda seen: self._first_after(ident, sids, seen),
-            waiting,
+            waiting, missing,
         )  # fmt: skip
         if waiting:
             self._waiting.add(ident)
