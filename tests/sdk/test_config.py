@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from instantml.sdk.config import resolve_run_id, unshared_run_warning
+from instantml.sdk.config import launcher_ranks, resolve_run_id, unshared_run_warning
 
 
 @pytest.mark.parametrize(
@@ -39,7 +39,7 @@ def test_fresh_ids_differ_and_bad_ids_are_refused() -> None:
 @pytest.mark.parametrize(
     ("env", "warned"),
     [
-        ({"WORLD_SIZE": "8", "TORCHELASTIC_RUN_ID": "none"}, "torchrun without --rdzv-id"),
+        ({"WORLD_SIZE": "8", "TORCHELASTIC_RUN_ID": "none"}, "static rendezvous"),
         ({"WORLD_SIZE": "8"}, "no launcher job id"),
         ({"WORLD_SIZE": "8", "TORCHELASTIC_RUN_ID": "abc"}, None),
         ({"WORLD_SIZE": "8", "SLURM_JOB_ID": "7"}, None),
@@ -73,3 +73,23 @@ def test_the_warning_comes_once_per_process(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr
     assert out.stderr.count("each rank is logging into a run of its own") == 1, out.stderr
+
+
+SRUN_TASK = {"SLURM_JOB_ID": "2", "SLURM_STEP_ID": "0", "SLURM_PROCID": "3", "SLURM_NTASKS": "4"}
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}, (1, 2, 1)),
+        ({}, (None, None, None)),
+        # srun sets no RANK: its task variables say the same thing.
+        ({**SRUN_TASK, "SLURM_LOCALID": "1"}, (3, 4, 1)),
+        # torchrun under srun: the launcher's own variables win.
+        ({**SRUN_TASK, "RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "0"}, (5, 8, 0)),
+        # A batch script's processes are not SLURM tasks (no SLURM_STEP_ID).
+        ({"SLURM_JOB_ID": "2", "SLURM_PROCID": "0", "SLURM_NTASKS": "4"}, (None, None, None)),
+    ],
+)
+def test_ranks_come_from_the_launcher(env: dict[str, str], expected: tuple) -> None:
+    assert launcher_ranks(env) == expected

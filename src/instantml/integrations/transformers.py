@@ -11,7 +11,8 @@ grad norm, eval metrics) as run-level scalars, and the training arguments and mo
 config, once.
 
 The ranks agree on the run id through ``torch.distributed`` (a broadcast from rank 0)
-when a process group is up: torchrun without ``--rdzv-id`` sets no job id they share.
+when a process group is up: accelerate launch, deepspeed and torchrun's static rendezvous
+without ``--rdzv-id`` export no job id they share.
 """
 
 from __future__ import annotations

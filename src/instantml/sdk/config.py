@@ -88,14 +88,35 @@ def unshared_run_warning(run_id: str | None, environ: Mapping[str, str] = os.env
     if world <= 1:
         return None
     launcher = (
-        "torchrun without --rdzv-id (TORCHELASTIC_RUN_ID=none)"
+        "TORCHELASTIC_RUN_ID=none (torchrun's static rendezvous without --rdzv-id: with"
+        " --master-port, on several nodes, or under accelerate launch)"
         if elastic
-        else "no launcher job id (TORCHELASTIC_RUN_ID, SLURM_JOB_ID)"
+        else "no launcher job id (deepspeed, mpirun and hand-spawned processes set none)"
     )
     return (
         f"WORLD_SIZE={world} but {launcher}: each rank is logging into a run of its own."
-        " Give all ranks one id: torchrun --rdzv-id=<job id>, INSTANTML_RUN_ID=<id> in every"
-        " rank's environment, or init(run_id=...)."
+        " Give all ranks one id: INSTANTML_RUN_ID=<id> in the job's environment (always"
+        " works), init(run_id=...), or torchrun --rdzv-id=<job id> with --master-port."
+    )
+
+
+def launcher_ranks(environ: Mapping[str, str] = os.environ) -> tuple[int | None, ...]:
+    """(rank, world_size, local_rank) from RANK, WORLD_SIZE, LOCAL_RANK; inside an ``srun``
+    step, which sets none of them, from SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID.
+
+    A batch script's own step also carries SLURM_PROCID (0) but no SLURM_STEP_ID: processes
+    it forks are not SLURM tasks, so the SLURM names are read only inside a step.
+    """
+    if "RANK" in environ or "SLURM_STEP_ID" not in environ:
+        return (
+            env_int("RANK", environ),
+            env_int("WORLD_SIZE", environ),
+            env_int("LOCAL_RANK", environ),
+        )
+    return (
+        env_int("SLURM_PROCID", environ),
+        env_int("SLURM_NTASKS", environ),
+        env_int("SLURM_LOCALID", environ),
     )
 
 

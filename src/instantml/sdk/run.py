@@ -329,9 +329,7 @@ def init(
     resolved_id = sdk_config.resolve_run_id(run_id)
     env = os.environ
     _warn_unshared_run(run_id)
-    rank = sdk_config.env_int("RANK", env)
-    world_size = sdk_config.env_int("WORLD_SIZE", env)
-    local_rank = sdk_config.env_int("LOCAL_RANK", env)
+    rank, world_size, local_rank = sdk_config.launcher_ranks(env)
     body: dict[str, Any] = {"project": project or "default", "id": resolved_id}
     if name is not None:
         body["name"] = name
