@@ -39,7 +39,7 @@ import json, sys, time
 from pathlib import Path
 from instantml.settings import ServerSettings
 from instantml.storage import open_stores
-from instantml.summary import SummaryParams
+from instantml.rankmath.params import SummaryParams
 settings = ServerSettings.from_env({}, data_dir=Path(sys.argv[1]))
 stores = open_stores(settings.metadata_url, settings.points_url)
 org = stores.tenancy.org_id("default")

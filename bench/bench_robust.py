@@ -16,7 +16,7 @@ import argparse
 
 import numpy as np
 
-from instantml.summary.step_stats import step_stats
+from instantml.rankmath.step_stats import step_stats
 
 CUT = 3.5
 

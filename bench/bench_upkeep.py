@@ -25,11 +25,11 @@ from pathlib import Path
 import numpy as np
 
 from bench_summary import new_run
+from instantml.rankmath.params import SummaryParams
 from instantml.server.bootstrap import bootstrap
 from instantml.settings import ServerSettings
 from instantml.storage import open_stores
 from instantml.storage.protocols import Stores
-from instantml.summary import SummaryParams
 
 RANKS, PER_UNIT, RUN = 512, 20, "bench-upkeep"
 

@@ -13,13 +13,13 @@ import orjson
 
 from instantml.health.monitor import HealthMonitor
 from instantml.health.thresholds import Thresholds
+from instantml.rankmath.params import SummaryParams
 from instantml.server.answers import Answer
 from instantml.server.commands import CreateRun, Envelope
 from instantml.server.responses import JSONResponse
 from instantml.server.service import WriteService
 from instantml.server.writer import GroupCommitter
 from instantml.storage import Stores, open_stores
-from instantml.summary import SummaryParams
 from instantml.summary.assemble import assemble
 from tests.storage.test_points import Writer
 from tests.summary.compare import assert_matches

@@ -14,15 +14,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from instantml.rankmath.covers import LEVELS
+from instantml.rankmath.params import SummaryParams
 from instantml.server.responses import JSONResponse
 from instantml.storage import open_stores as _open_stores
-from instantml.storage.blocks import LEVELS
-from instantml.storage.duckdb import blocks as duckdb_blocks
+from instantml.storage.duckdb import block_tables as duckdb_blocks
 from instantml.storage.duckdb import points as points_module
 from instantml.storage.duckdb import summary as duckdb_summary
 from instantml.storage.protocols import Stores
 from instantml.storage.records import RANK, RANK_COLUMNS, ScalarPoint
-from instantml.summary import SummaryParams
 from instantml.summary.assemble import assemble
 from tests.storage.conftest import OpenStores, examples
 from tests.summary.compare import assert_matches

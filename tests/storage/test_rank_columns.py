@@ -17,6 +17,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
+from instantml.rankmath.params import SummaryParams
 from instantml.server.answers import Answer
 from instantml.server.commands import CreateRun, Envelope, MetricMatrix, RankEvents, Refresh
 from instantml.server.guardrail import UsagePolicy, month_of
@@ -24,7 +25,6 @@ from instantml.server.service import WriteService
 from instantml.storage import open_stores
 from instantml.storage.protocols import Stores
 from instantml.storage.records import RANK
-from instantml.summary import SummaryParams
 from tests.engines import Engines
 from tests.storage.conftest import BACKENDS, examples
 

@@ -13,7 +13,7 @@ import numpy as np
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from instantml.summary.step_stats import REFERENCE_STEPS, robust_spread, step_stats
+from instantml.rankmath.step_stats import REFERENCE_STEPS, robust_spread, step_stats
 from tests.summary.reference import Point, reference
 
 

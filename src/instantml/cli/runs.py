@@ -54,7 +54,7 @@ def runs(args: argparse.Namespace) -> int:
 
 def ranks(args: argparse.Namespace) -> int:
     try:
-        from ..summary.params import default_key
+        from ..rankmath.params import default_key
         from ..summary.terminal import print_summary
     except ImportError as exc:
         raise CliError(

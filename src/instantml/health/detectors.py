@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..rankmath.step_stats import step_stats
+from ..rankmath.stragglers import scores
 from ..storage.records import SEEN_RESOLUTION, RankActivity
-from ..summary.step_stats import step_stats
-from ..summary.stragglers import scores
 from .thresholds import Thresholds
 
 KINDS = ("rank_missing", "straggler", "outlier_burst", "non_finite")

@@ -18,11 +18,11 @@ from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import quote, urlencode
 
+from ..rankmath.step_stats import REFERENCE_STEPS
+from ..rankmath.stragglers import is_timing_key
 from ..storage.health_sql import new_id
 from ..storage.protocols import Stores
 from ..storage.records import RANK, AlertRecord, RunRecord
-from ..summary.step_stats import REFERENCE_STEPS
-from ..summary.stragglers import is_timing_key
 from . import detectors
 from .detectors import Finding, KeyWindow
 from .thresholds import Thresholds, check

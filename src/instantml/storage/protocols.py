@@ -30,12 +30,12 @@ from .records import (
     ScalarPoint,
     Slot,
     StoredAnswer,
-    SummaryRows,
     WebhookRecord,
 )
 
 if TYPE_CHECKING:
-    from ..summary import SummaryParams
+    from ..rankmath.params import SummaryParams
+    from ..rankmath.rows import SummaryRows
 
 
 class Tenancy(Protocol):

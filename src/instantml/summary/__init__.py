@@ -1,10 +1,4 @@
-"""The Distributed summary: what every rank's values say about a step range of one key.
-
-The definitions are DESIGN.md's ("The Distributed summary"). The SQL that computes them
-lives with each storage backend; this package holds what is backend-neutral: the query
-parameters, the bucketing rule and the assembly of coverage and heatmap.
+"""The Distributed summary's answer: assembled (:mod:`.assemble`, :mod:`.coverage`) from
+the rows a point store reads, and drawn in a terminal (:mod:`.terminal`). The math it is
+made of lives in :mod:`instantml.rankmath`.
 """
-
-from .params import SummaryParams, bucket_size
-
-__all__ = ["SummaryParams", "bucket_size"]

@@ -1,5 +1,5 @@
 """The Distributed summary's answer, assembled from the rows a point store read
-(``storage.records.SummaryRows``): buckets, coverage and missing ranks, the heatmap's
+(``rankmath.rows.SummaryRows``): buckets, coverage and missing ranks, the heatmap's
 layout, the outlier rows and the per-rank rollup, as DESIGN.md defines them. Backend
 neutral: every point store returns the same rows."""
 
@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..rankmath.params import SummaryParams, bucket_size
 from ..validation import mark_of
 from .coverage import missing_ranks
-from .params import SummaryParams, bucket_size
 
 if TYPE_CHECKING:
-    from ..storage.records import SummaryRows
+    from ..rankmath.rows import SummaryRows
 
 _MEANED = ("mean", "weighted_mean", "std", "p05", "p50", "p95")
 _INT_FIELDS = ("step", "step_end", "count", "expected", "nonfinite", "nonfinite_total")

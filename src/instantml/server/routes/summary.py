@@ -8,12 +8,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 from starlette.concurrency import run_in_threadpool
 
+from ...rankmath.params import SummaryParams, default_key
+from ...rankmath.stragglers import DEFAULT_KEY, DEFAULT_WINDOW, scores
 from ...storage.records import RANK, ApiKeyRecord
-from ...summary import SummaryParams
 from ...summary.assemble import assemble
 from ...summary.coverage import seen_before, split_lagging
-from ...summary.params import default_key
-from ...summary.stragglers import DEFAULT_KEY, DEFAULT_WINDOW, scores
 from ..commands import Envelope, Refresh
 from ..errors import ApiError
 from ..keyquery import KeyName

@@ -52,7 +52,7 @@ TABLES: dict[str, tuple[str, str]] = {
         " version UInt64",
         "series_id, step",
     ),
-    # Per-rank sums by block of steps (storage/blocks.py), for summaries flat in points.
+    # Per-rank sums by block of steps (rankmath/covers.py), for summaries flat in points.
     "rank_blocks": (
         "series_id UInt64, level UInt8, start Int64, rank Int16, n UInt32, marks UInt32,"
         " total Float64, last_step Int64, sum_delta Float64, sum_abs_z Float64,"

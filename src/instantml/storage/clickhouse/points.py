@@ -2,7 +2,7 @@
 
 No process can know whether another wrote other ranks of a step, so every step a unit
 writes is marked stale, and its reducers and scores are recomputed from all its points
-(``FINAL``) by :func:`instantml.summary.step_stats.step_stats`, the one implementation:
+(``FINAL``) by :func:`instantml.rankmath.step_stats.step_stats`, the one implementation:
 before a summary reads the series, or in the background. A refresh stamps what it writes
 with the time it *read* the points: a step written again after that read stays stale, and
 of two refreshes the one that read later wins, whichever finishes last.
@@ -16,14 +16,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...summary.step_stats import REFERENCE_STEPS, reach, robust_spread, step_stats
-from .. import blocks as block_math
-from ..records import ScalarPoint, SummaryRows, latest_points, step_number
-from . import blocks, summary
+from ...rankmath import covers as block_math
+from ...rankmath.rows import SummaryRows
+from ...rankmath.step_stats import REFERENCE_STEPS, reach, robust_spread, step_stats
+from ..records import ScalarPoint, latest_points, step_number
+from . import block_tables, summary
 from .engine import ChEngine
 
 if TYPE_CHECKING:
-    from ...summary import SummaryParams
+    from ...rankmath.params import SummaryParams
 
 REFRESH_CHUNK = 4096
 _POINT_COLUMNS = ("step", "rank", "world_size", "local_rank", "value", "weight", "ts")
@@ -344,7 +345,7 @@ class ChPoints:
                     )
         engine.insert_series("step_stats", stats, read_at)
         engine.insert_series("scores", scores, read_at)
-        blocks.rebuild(engine, block_rows, read_at)
+        block_tables.rebuild(engine, block_rows, read_at)
         engine.insert_series("outlier_rows", outliers, read_at)
         done = [
             {"series_id": sid, "step": np.array(steps, dtype=np.int64),
@@ -367,7 +368,7 @@ def _steps_of(
     for lo, hi in ranges:
         own = stale_arr[(stale_arr >= lo) & (stale_arr <= hi)]
         ahead = later[(later >= lo) & (later <= hi)]
-        steps = np.asarray(blocks.level_one_steps(np.union1d(own, ahead).tolist()), np.int64)
+        steps = np.asarray(block_tables.level_one_steps(np.union1d(own, ahead).tolist()), np.int64)
         if parts and steps.min() <= parts[-1].max() + 1:
             parts[-1] = np.union1d(parts[-1], steps)
         else:

@@ -8,15 +8,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...summary import bucket_size
-from ...summary.params import ROBUST_Z_THRESHOLD
-from .. import blocks as block_math
-from ..records import SummaryRows
-from . import blocks
+from ...rankmath import covers as block_math
+from ...rankmath.params import ROBUST_Z_THRESHOLD, bucket_size
+from ...rankmath.rows import SummaryRows
+from . import block_tables
 from .engine import ChEngine
 
 if TYPE_CHECKING:
-    from ...summary import SummaryParams
+    from ...rankmath.params import SummaryParams
 
 _STEP_COLUMNS = ("step", "n", "expected", "mean", "weighted_mean", "min", "max", "std", "p05",
                  "p50", "p95", "nonfinite")  # fmt: skip
@@ -153,16 +152,16 @@ def _from_blocks(engine: ChEngine, found: SummaryRows, series_id: int, first: in
     the covers' edges (see the DuckDB store's twin)."""
     steps = found.stats["step"]
     pieces = block_math.buckets(steps, first, found.heat_size)
-    rows, group = blocks.read(engine, series_id, pieces, ("rank", "n", "marks", "total"))
+    rows, group = block_tables.read(engine, series_id, pieces, ("rank", "n", "marks", "total"))
     singles = _singles(engine, series_id, pieces)
     found.cells = block_math.cells(
         {name: np.concatenate([rows[name], singles[name]]) for name in rows},
         np.concatenate([group, singles["b"]]),
     )
     whole = block_math.whole(steps)
-    rows, _ = blocks.read(engine, series_id, whole, block_math.FIELDS)
+    rows, _ = block_tables.read(engine, series_id, whole, block_math.FIELDS)
     found.rollup = block_math.rollup(
-        block_math.concat([blocks.as_rows(rows), _singles(engine, series_id, whole)])
+        block_math.concat([block_tables.as_rows(rows), _singles(engine, series_id, whole)])
     )
 
 

@@ -1,16 +1,16 @@
 """Per-step aggregates of rank points in DuckDB: the ``step_stats`` rows (reducers per
 step), each point's scores (``delta``, ``z``, ``robust_z`` in ``rank_points``), and the
 helpers the point store stages with. Reducers and scores always come from
-:func:`instantml.summary.step_stats.step_stats`, the one implementation of DESIGN.md's
+:func:`instantml.rankmath.step_stats.step_stats`, the one implementation of DESIGN.md's
 definitions: there is no SQL twin of it."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ...summary.params import ROBUST_Z_THRESHOLD
-from ...summary.step_stats import REFERENCE_STEPS, reach, robust_spread, step_stats
-from ..blocks import DEFAULT_Z
+from ...rankmath.covers import DEFAULT_Z
+from ...rankmath.params import ROBUST_Z_THRESHOLD
+from ...rankmath.step_stats import REFERENCE_STEPS, reach, robust_spread, step_stats
 from .engine import Engine
 
 STATS_COLUMNS = (

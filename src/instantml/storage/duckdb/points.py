@@ -9,7 +9,7 @@ point, whose old row is deleted in the same unit before the new one goes in.
 Aggregates: a step whose points all arrive in one unit (a batch), newer than any its series
 has, gets its reducers and each point's scores computed while staging; any other point
 (single requests among them) marks its (series, step) stale, and stale steps are recomputed (``refresh``, ``maintain``) from
-all their points. Both use :func:`instantml.summary.step_stats.step_stats`, the one
+all their points. Both use :func:`instantml.rankmath.step_stats.step_stats`, the one
 implementation of the definitions.
 
 A batch that ends inside a step (an uploader's batch of N events splits a step's ranks
@@ -29,15 +29,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...summary.params import ROBUST_Z_THRESHOLD
-from ...summary.step_stats import REFERENCE_STEPS, robust_spread, step_stats
-from .. import blocks as block_math
-from ..records import ScalarPoint, SummaryRows, latest_points, step_number
-from . import aggregates, blocks, summary
+from ...rankmath import covers as block_math
+from ...rankmath.params import ROBUST_Z_THRESHOLD
+from ...rankmath.rows import SummaryRows
+from ...rankmath.step_stats import REFERENCE_STEPS, robust_spread, step_stats
+from ..records import ScalarPoint, latest_points, step_number
+from . import aggregates, block_tables, summary
 from .engine import Engine
 
 if TYPE_CHECKING:
-    from ...summary import SummaryParams
+    from ...rankmath.params import SummaryParams
 
 # A scalar step is any finite number >= 0 (validation.scalar_step), kept as a float64.
 SCALAR_SCHEMA = """CREATE TABLE IF NOT EXISTS scalar_points (
@@ -123,7 +124,7 @@ class DuckDBPoints:
         con = engine.con
         _float_scalar_steps(con)
         con.execute(SCHEMA)
-        blocks.create(engine)
+        block_tables.create(engine)
         self._stale: dict[int, set[int]] = {}
         self._floors: dict[tuple[int, int], int] = {}  # (series, steps): a window's first
         for sid, step in con.execute("SELECT DISTINCT series_id, step FROM stale_steps").fetchall():
@@ -328,7 +329,7 @@ class DuckDBPoints:
         if dirty:
             last = {sid: max(self._last_step.get(sid, -1), staged.last_step.get(sid, -1))
                     for sid in dirty}  # fmt: skip
-            blocks.recompute(self._engine, {sid: sorted(s) for sid, s in dirty.items()}, last)
+            block_tables.recompute(self._engine, {sid: sorted(s) for sid, s in dirty.items()}, last)
             staged.rebuilt.update(dirty)
 
     def committed(self) -> None:
@@ -462,7 +463,7 @@ class DuckDBPoints:
         """Mark stale the level-1 blocks these points are in (those not stale already),
         and the one that held the series' newest step when these points take it past that
         block's end: the blocks left unbuilt while incomplete are among its ancestors
-        (``blocks.recompute``)."""
+        (``block_tables.recompute``)."""
         sids, steps = frame["series_id"], frame["step"]
         new: dict[int, set[int]] = {}
         for sid in np.unique(sids).tolist():

@@ -13,14 +13,13 @@ from typing import TYPE_CHECKING
 import duckdb
 import numpy as np
 
-from ...summary import bucket_size
-from ...summary.params import ROBUST_Z_THRESHOLD
-from .. import blocks as block_math
-from ..records import SummaryRows
-from . import blocks
+from ...rankmath import covers as block_math
+from ...rankmath.params import ROBUST_Z_THRESHOLD, bucket_size
+from ...rankmath.rows import SummaryRows
+from . import block_tables
 
 if TYPE_CHECKING:
-    from ...summary import SummaryParams
+    from ...rankmath.params import SummaryParams
 
 
 def go_on() -> None:
@@ -179,7 +178,7 @@ def _cells_from_blocks(
     # Marks are read only where the range has some (most runs have none).
     marked = bool(found.stats["nonfinite"].any())
     blocked = pieces.blocks()
-    covered = blocks.covering(
+    covered = block_tables.covering(
         blocked["level"], f"r.rank, r.n, r.total{', r.marks' if marked else ''}"
     )
     if covered is None:
@@ -275,7 +274,7 @@ def _read(
     projected by ``of_point``), each with its bucket ``b``; ``then`` wraps the union (an
     aggregate over ``u``)."""
     blocked = pieces.blocks()
-    covered = blocks.covering(
+    covered = block_tables.covering(
         blocked["level"], ", ".join("r." + c.strip() for c in columns.split(","))
     )
     cur.register("pieces", blocked)
@@ -300,7 +299,7 @@ def _read_rollup(
     rows = _read(
         cur, series_id, whole,
         "rank, n, marks, total, last_step, sum_delta, sum_abs_z, outliers, lr_step, local_rank",
-        blocks.POINT_AS_BLOCK,
+        block_tables.POINT_AS_BLOCK,
         then=(
             "SELECT rank, sum(n)::BIGINT AS n, max(last_step) AS last_step,"
             " sum(sum_delta) AS sum_delta, sum(sum_abs_z) AS sum_abs_z,"

@@ -1,4 +1,4 @@
-"""Block rows in DuckDB (what a block is: :mod:`instantml.storage.blocks`), one row per
+"""Block rows in DuckDB (what a block is: :mod:`instantml.rankmath.covers`), one row per
 (series, start, rank) in a table per level (``rank_blocks_1`` .. ``rank_blocks_8``), built
 and combined in SQL.
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..blocks import BASE, DEFAULT_Z, LEVELS, RZ
+from ...rankmath.covers import BASE, DEFAULT_Z, LEVELS, RZ
 from .engine import Engine
 
 

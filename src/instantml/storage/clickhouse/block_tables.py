@@ -1,4 +1,4 @@
-"""Block rows in ClickHouse (what a block is: :mod:`instantml.storage.blocks`): insert-only
+"""Block rows in ClickHouse (what a block is: :mod:`instantml.rankmath.covers`): insert-only
 rows per (series, level, start, rank), the newest version of each read with ``FINAL``.
 
 A step refresh recomputes whole level-1 blocks (it reads every point of the blocks its
@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import blocks
-from ..blocks import BASE, LEVELS
+from ...rankmath import covers as blocks
+from ...rankmath.covers import BASE, LEVELS
 from .engine import ChEngine
 
 _FIELDS = ", ".join(blocks.FIELDS)

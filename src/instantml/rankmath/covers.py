@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..summary.params import ROBUST_Z_THRESHOLD, SummaryParams
+from .params import ROBUST_Z_THRESHOLD, SummaryParams
 
 BASE = 4
 LEVELS = 8  # blocks of 4, 16, ..., 65,536 steps
