@@ -195,6 +195,25 @@ def test_an_outlier_burst_needs_5_of_the_last_10_steps() -> None:
     assert run({1, 2, 3, 4, 5, 6}) == []  # outside the last 10 steps
 
 
+def test_a_burst_on_a_timing_key_must_clear_the_straggler_floor() -> None:
+    """A loop's data wait is microseconds: a scheduler's hiccup of a fraction of a
+    millisecond scores a huge robust z, and is not a burst; a rank whose waits grow by
+    milliseconds is, and so is the same hiccup on a key that is not a timing."""
+    bad = {11, 13, 15, 17, 19}
+
+    def run(key: str, extra: float) -> list[detectors.Finding]:
+        points = [(s, r, 0.02 + 0.001 * r + (extra if r == 5 and s in bad else 0.0))
+                  for s in range(20) for r in range(8)]  # fmt: skip
+        return detectors.outlier_bursts(window(key, points), TH)
+
+    assert TH.straggler_min_ms == 1.0
+    assert run("perf/data_wait_ms", 0.4) == []
+    (found,) = run("perf/data_wait_ms", 3.0)
+    assert (found.rank, found.since_step) == (5, 11)
+    (found,) = run("optimizer/grad_norm", 0.4)
+    assert (found.rank, found.since_step) == (5, 11)
+
+
 def test_non_finite_names_the_rank_and_its_first_step() -> None:
     points = [(s, r, float("nan") if (r, s) in {(4, 7), (4, 8)} else 1.0)
               for s in range(5, 10) for r in range(8)]  # fmt: skip

@@ -20,6 +20,7 @@ from instantml.server.responses import JSONResponse
 from instantml.server.service import WriteService
 from instantml.server.writer import GroupCommitter
 from instantml.storage import Stores, open_stores
+from instantml.storage.querier import drive
 from instantml.summary.assemble import assemble
 from tests.storage.test_points import Writer
 from tests.summary.compare import assert_matches
@@ -114,7 +115,8 @@ def test_the_summary_pauses_before_each_larger_read_and_answers_the_same() -> No
             pass
     params = SummaryParams("loss", heatmap_steps=50)
     paused: list[float] = []
-    rows = stores.points.summary_rows(writer.sid, params, lambda: paused.append(time.monotonic()))
+    reading = stores.points.summary_reading(writer.sid, params)
+    rows = drive(reading, lambda: paused.append(time.monotonic()))
     # Before the snapshot, the heatmap's cover, its single steps, the rollup, the outliers.
     assert len(paused) == 5
     answer = orjson.loads(JSONResponse(assemble(rows, params)).body)

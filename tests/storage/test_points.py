@@ -19,8 +19,9 @@ from instantml.rankmath.params import SummaryParams
 from instantml.server.responses import JSONResponse
 from instantml.storage import open_stores as _open_stores
 from instantml.storage.duckdb import block_tables as duckdb_blocks
+from instantml.storage.duckdb import head as head_module
 from instantml.storage.duckdb import points as points_module
-from instantml.storage.duckdb import summary as duckdb_summary
+from instantml.storage.duckdb.summary_tables import DuckDBSummaryTables
 from instantml.storage.protocols import Stores
 from instantml.storage.records import RANK, RANK_COLUMNS, ScalarPoint
 from instantml.summary.assemble import assemble
@@ -356,7 +357,7 @@ def test_summaries_over_any_range_equal_the_reference(
     ) -> None:
         # The embedded store reads a short range's cells from its points and a long one's
         # from blocks: both ways, whatever the range.
-        duckdb_summary.SCAN_RATIO = scan_ratio
+        DuckDBSummaryTables.scan_ratio = scan_ratio
         writer = Writer(open_stores(), f"r{np.random.default_rng().integers(1 << 60)}")
         lo, hi = (None, None) if whole else (min(ends), max(ends))
         params = {"step_min": lo, "step_max": hi, "max_points": max_points,
@@ -367,11 +368,11 @@ def test_summaries_over_any_range_equal_the_reference(
             writes += batch
             assert_matches(writer.summary(settle, **params), reference(writes, **params), 40.0)
 
-    default_ratio = duckdb_summary.SCAN_RATIO
+    default_ratio = DuckDBSummaryTables.scan_ratio
     try:
         check()
     finally:
-        duckdb_summary.SCAN_RATIO = default_ratio
+        DuckDBSummaryTables.scan_ratio = default_ratio
 
 
 @st.composite
@@ -458,7 +459,7 @@ def test_a_step_split_across_batches_is_scored_whole(open_stores: OpenStores, ba
     @examples(backend, 40)
     @given(batches=split_stream(), tail_points=st.sampled_from([0, 150, 1 << 18]))
     def check(batches: list[list[Point]], tail_points: int) -> None:
-        points_module.TAIL_POINTS = tail_points
+        head_module.TAIL_POINTS = tail_points
         stores = open_stores()
         writer = Writer(stores, f"r{np.random.default_rng().integers(1 << 60)}")
         params = {"max_points": 500, "heatmap_steps": 200, "outlier_limit": 10_000}
@@ -481,11 +482,11 @@ def test_a_step_split_across_batches_is_scored_whole(open_stores: OpenStores, ba
                 assert stores.points.needs_refresh(writer.sid) == stale
             assert_matches(writer.summary("upkeep", **params), reference(writes, **params), 40.0)
 
-    kept = points_module.TAIL_POINTS
+    kept = head_module.TAIL_POINTS
     try:
         check()
     finally:
-        points_module.TAIL_POINTS = kept
+        head_module.TAIL_POINTS = kept
 
 
 def test_integer_scalar_steps_of_an_earlier_store_are_kept(tmp_path: Path) -> None:

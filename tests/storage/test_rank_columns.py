@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from instantml.rankmath.params import SummaryParams
 from instantml.server.answers import Answer
-from instantml.server.commands import CreateRun, Envelope, MetricMatrix, RankEvents, Refresh
+from instantml.server.commands import CreateRun, Envelope, MetricMatrix, RankEvents
 from instantml.server.guardrail import UsagePolicy, month_of
 from instantml.server.service import WriteService
 from instantml.storage import open_stores
@@ -152,7 +152,8 @@ def _applied(
     stores = open_stores(metadata_url, points_url)
     service = WriteService(stores, policy)
     org, _ = stores.tenancy.ensure_org("o")
-    service.apply([Envelope(Refresh(org, "r", key)) for key in ("a", "b")])
+    series = [stores.runs.series_id(org, "r", RANK, key) for key in ("a", "b")]
+    service.compact(sid for sid in series if sid is not None)
     contents = _contents(stores, org)
     stores.close()
     return answers, contents

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..rankmath.step_stats import step_stats
-from ..rankmath.stragglers import scores
+from ..rankmath.stragglers import is_timing_key, scores
 from ..storage.records import SEEN_RESOLUTION, RankActivity
 from .thresholds import Thresholds
 
@@ -163,13 +163,22 @@ def _recent(window: KeyWindow, steps: int) -> np.ndarray:
 def outlier_bursts(window: KeyWindow, th: Thresholds) -> list[Finding]:
     """Ranks with |robust_z| >= ``burst_z`` in at least ``burst_steps`` of the key's last
     ``burst_window`` steps; robust_z as the summary scores it, its reference spread from
-    the window's steps (``REFERENCE_STEPS`` of them before the burst window when read)."""
+    the window's steps (``REFERENCE_STEPS`` of them before the burst window when read).
+
+    On a timing key (``perf/*_ms``) a step counts only where the value is also at least
+    ``straggler_min_ms`` from the step's median, the floor stragglers are judged by: a
+    loop's data wait of a few microseconds scores a huge robust z for a scheduler's
+    hiccup of a fraction of a millisecond, which is noise, not a rank going wrong."""
     if not len(window.step):
         return []
-    _, _, _, robust = step_stats(window.step, window.value, window.weight, window.world_size)
+    rows, _, _, robust = step_stats(window.step, window.value, window.weight, window.world_size)
     sel = _recent(window, th.burst_window)
     step, rank = window.step[sel], window.rank[sel]
     hit = np.abs(np.nan_to_num(robust[sel], nan=0.0)) >= th.burst_z
+    if is_timing_key(window.key):
+        median = rows["p50"][np.searchsorted(rows["step"], step)]
+        with np.errstate(invalid="ignore"):
+            hit &= np.abs(window.value[sel] - median) >= th.straggler_min_ms
     found = []
     for r in np.unique(rank[hit]).tolist():
         mine = hit & (rank == r)

@@ -194,9 +194,10 @@ def whole(steps: np.ndarray, stale: np.ndarray | None = None) -> Pieces:
 
 def cells(rows: Rows, bucket: np.ndarray) -> dict[str, np.ndarray]:
     """Heatmap cells (``rank, b, v, marks``: a rank's mean finite value in bucket b, NaN if
-    none, and its marks there) from the rows (``rank, n, marks, total``) of the buckets'
-    covers, each with its bucket. Summed with bincount: no sort of the ~1M rows a long
-    range reads."""
+    none, and its marks there) from sums (``rank, n, marks, total``) each with its bucket:
+    block rows of the buckets' covers, points, or both, as a store read them. This is the
+    one definition of a cell; every store and read path ends here. Summed with bincount:
+    no sort of the ~1M rows a long range reads."""
     rank = np.asarray(rows["rank"], dtype=np.int64)
     bucket = np.asarray(bucket, dtype=np.int64)
     if not len(rank):

@@ -20,13 +20,13 @@ from ..storage.protocols import Stores
 from . import errors, schemas, unsupported
 from .auth import KeyRing
 from .batch_decoder import BatchDecoder, default_processes
+from .context import Services, services
 from .guardrail import UsagePolicy
 from .memory import HeapTrimmer
 from .ratelimit import RateLimiter
 from .responses import JSONResponse
 from .routes import admin, health, ingest, metrics, runs, summary
 from .service import WriteService
-from .services import Services, services
 from .upload_order import UploadOrder
 from .writer import GroupCommitter
 

@@ -12,9 +12,9 @@ from ..storage.records import Slot
 from . import idempotency
 from .answers import Answer
 from .commands import Envelope, Idempotency, RankEvents, Write
+from .context import services
 from .errors import ApiError
 from .responses import JSONResponse
-from .services import services
 
 _PENDING = Answer(0, {})  # a placeholder: the write path has not answered yet
 

@@ -153,17 +153,8 @@ class WriteAttributes:
     timestamp: float
 
 
-@dataclass(slots=True)
-class Refresh:
-    """Bring a key's summary aggregates up to date with every point committed before it."""
-
-    org_id: int
-    run_id: str
-    key: str
-
-
 CreateRun = RunSpec
-Write = RunSpec | PatchRun | WriteScalars | WriteRankPoints | RankEvents | WriteAttributes | Refresh
+Write = RunSpec | PatchRun | WriteScalars | WriteRankPoints | RankEvents | WriteAttributes
 
 
 @dataclass(slots=True)

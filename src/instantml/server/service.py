@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..storage.protocols import Stores
 from ..storage.records import (
-    RANK,
     SCALAR,
     Keys,
     RunConflict,
@@ -39,7 +38,6 @@ from .commands import (
     Envelope,
     PatchRun,
     RankEvents,
-    Refresh,
     Write,
     WriteAttributes,
     WriteRankPoints,
@@ -113,6 +111,17 @@ class WriteService:
             log.exception("background work (a checkpoint or summary aggregates)")
             return False
 
+    def compact(self, series_ids: Iterable[int]) -> None:
+        """Bring these series' summary aggregates up to date with every committed point,
+        in one unit of their own (compaction: no write, no ledger, no usage). A failure is
+        logged, never raised: the reads that asked for it answer from what is there."""
+        try:
+            with self.stores.unit():
+                for sid in sorted(set(series_ids)):
+                    self.stores.points.refresh(sid)
+        except Exception:
+            log.exception("compacting series %s", sorted(set(series_ids)))
+
     def backlog(self) -> int:
         return self.stores.points.backlog() + int(self.stores.checkpoint_due())
 
@@ -183,11 +192,6 @@ class _Group:
             except RunConflict as conflict:
                 return answers.run_conflict(conflict)
             return answers.run(record, created)
-        if isinstance(write, Refresh):
-            sid = runs.series_id(write.org_id, write.run_id, RANK, write.key)
-            if sid is not None:
-                self.stores.points.refresh(sid)
-            return answers.EMPTY
         if isinstance(write, RankEvents):
             raise TypeError("a RankEvents write is decided by _rank_events")
         run = runs.resolve(write.org_id, [write.run_id])[write.run_id]

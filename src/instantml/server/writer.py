@@ -3,6 +3,12 @@
 An embedded engine pays milliseconds per COMMIT whatever its size, so concurrent requests
 share one transaction instead of paying one each. A request's answer is sent only after
 the transaction holding its write has committed: a 2xx means durable.
+
+The same thread is the one scheduler of the stores' background work (an embedded engine
+has one writing connection): compaction of the series a read is waiting for (``compact``:
+a task of its own, never a write), applied right after the writes queued before it, and
+when idle, or when the backlog grows past a bound under sustained writes, bounded units of
+the rest.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import deque
+from typing import Any
 
 from .answers import Answer, storage_failed
 from .commands import Envelope
@@ -24,11 +31,12 @@ READ_YIELD_SECONDS = 0.25
 MAX_BACKLOG = 4096  # stale summary steps tolerated while writes keep coming
 
 _Pending = tuple[list[Envelope], "asyncio.Future[list[Answer]]", asyncio.AbstractEventLoop]
+_Compaction = tuple[int, "asyncio.Future[None]", asyncio.AbstractEventLoop]
 
 
-def _resolve(future: asyncio.Future[list[Answer]], outcomes: list[Answer]) -> None:
+def _resolve(future: asyncio.Future[Any], outcome: Any) -> None:
     if not future.done():  # the client may have gone away; the write stands regardless
-        future.set_result(outcomes)
+        future.set_result(outcome)
 
 
 class GroupCommitter:
@@ -36,6 +44,7 @@ class GroupCommitter:
         self._service = service
         self._max = max_group_writes
         self._pending: deque[_Pending] = deque()
+        self._compactions: deque[_Compaction] = deque()
         lock = threading.Lock()
         self._cond = threading.Condition(lock)  # a write queued (the writer waits on it)
         self._quiet = threading.Condition(lock)  # none queued or being applied (readers)
@@ -56,11 +65,23 @@ class GroupCommitter:
             self._cond.notify()
         return await future
 
-    def _take(self, wait: float | None) -> list[_Pending]:
-        """What queued since the last commit, waiting up to ``wait`` seconds (None: until
-        something does) when nothing has."""
+    async def compact(self, series_id: int) -> None:
+        """Return once the series' summary aggregates hold every point committed before
+        the call (the writes queued before it are applied first)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
         with self._cond:
-            if not self._pending and not self._closed:
+            if self._closed:
+                raise ApiError(503, "server is shutting down; retry")
+            self._compactions.append((series_id, future, loop))
+            self._cond.notify()
+        await future
+
+    def _take(self, wait: float | None) -> tuple[list[_Pending], list[_Compaction]]:
+        """What queued since the last commit (writes, and compactions asked for), waiting
+        up to ``wait`` seconds (None: until something does) when nothing has."""
+        with self._cond:
+            if not self._pending and not self._compactions and not self._closed:
                 self._cond.wait(wait)
             group: list[_Pending] = []
             size = 0
@@ -69,7 +90,9 @@ class GroupCommitter:
                 size += len(item[0])
                 group.append(item)
             self._applying = bool(group)
-            return group
+            compactions = list(self._compactions)
+            self._compactions.clear()
+            return group, compactions
 
     def wait_quiet(self, timeout: float = READ_YIELD_SECONDS) -> None:
         """Wait, up to ``timeout`` seconds, until no write is queued or being applied
@@ -88,29 +111,37 @@ class GroupCommitter:
 
     def _run(self) -> None:
         while True:
-            group = self._take(IDLE_SECONDS if self._service.backlog() else None)
-            if not group:
+            group, compactions = self._take(IDLE_SECONDS if self._service.backlog() else None)
+            if not group and not compactions:
                 if self._closed:
                     return
                 # Idle for a moment: bring summary aggregates up to date, a bounded unit at a
                 # time, so a write arriving now waits for one unit at most.
                 self._service.maintain()
                 continue
-            flat = [envelope for envelopes, _, _ in group for envelope in envelopes]
-            try:
-                outcomes = self._service.apply(flat)
-            except Exception as exc:  # storage failure: nothing committed, the client may retry
-                outcomes = [storage_failed(exc)] * len(flat)
-            start = 0
-            for envelopes, future, loop in group:
-                end = start + len(envelopes)
-                loop.call_soon_threadsafe(_resolve, future, outcomes[start:end])
-                start = end
-            self._applied()
+            if group:
+                self._apply(group)
+            if compactions:
+                self._service.compact(sid for sid, _, _ in compactions)
+                for _, done, loop in compactions:
+                    loop.call_soon_threadsafe(_resolve, done, None)
             # Under sustained load the writer is never idle: keep the backlog bounded, so
             # that a summary read never has more than this to bring up to date.
             if self._service.backlog() >= MAX_BACKLOG:
                 self._service.maintain()
+
+    def _apply(self, group: list[_Pending]) -> None:
+        flat = [envelope for envelopes, _, _ in group for envelope in envelopes]
+        try:
+            outcomes = self._service.apply(flat)
+        except Exception as exc:  # storage failure: nothing committed, the client may retry
+            outcomes = [storage_failed(exc)] * len(flat)
+        start = 0
+        for envelopes, future, loop in group:
+            end = start + len(envelopes)
+            loop.call_soon_threadsafe(_resolve, future, outcomes[start:end])
+            start = end
+        self._applied()
 
     def close(self) -> None:
         """Finish what is queued, then stop."""

@@ -36,6 +36,7 @@ from .records import (
 if TYPE_CHECKING:
     from ..rankmath.params import SummaryParams
     from ..rankmath.rows import SummaryRows
+    from .querier import Reading
 
 
 class Tenancy(Protocol):
@@ -230,12 +231,14 @@ class PointStore(Protocol):
         """How much background work waits (steps whose aggregates are behind)."""
         ...
 
-    def summary_rows(
-        self, series_id: int, params: SummaryParams, pause: Callable[[], None] | None = None
-    ) -> SummaryRows:
-        """The rows a Distributed summary of the series is assembled from. ``pause``, when
-        given, is called before each larger read (an engine in the server's own process:
-        the server waits there for the writes in flight)."""
+    def summary_reading(self, series_id: int, params: SummaryParams) -> Reading:
+        """The read of the rows a Distributed summary of the series is assembled from: a
+        generator (``storage.querier``) that yields before each of its larger reads, for
+        its driver to let other work go first, and returns the rows."""
+        ...
+
+    def summary_rows(self, series_id: int, params: SummaryParams) -> SummaryRows:
+        """The same rows, read straight through."""
         ...
 
     def window_medians(

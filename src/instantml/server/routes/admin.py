@@ -14,9 +14,9 @@ from .. import guardrail, schemas
 from ..auth import ALL_SCOPES, new_api_key
 from ..body import read_json_object
 from ..bootstrap import DEFAULT_ORG
+from ..context import require, services
 from ..errors import ApiError
 from ..responses import JSONResponse
-from ..services import require, services
 
 router = APIRouter()
 Admin = Annotated[ApiKeyRecord, Depends(require("admin"))]

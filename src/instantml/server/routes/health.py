@@ -14,9 +14,9 @@ from ...health.detectors import KINDS, status
 from ...storage.health_sql import new_id
 from ...storage.records import ApiKeyRecord, WebhookRecord
 from ..body import read_json_object
+from ..context import require, services
 from ..errors import ApiError
 from ..responses import JSONResponse
-from ..services import require, services
 
 router = APIRouter()
 Admin = Annotated[ApiKeyRecord, Depends(require("admin"))]

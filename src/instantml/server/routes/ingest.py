@@ -17,9 +17,9 @@ from ..answers import Answer
 from ..apply import apply_writes
 from ..body import parse_object, parse_value, read_body, refuse_tokens
 from ..commands import Envelope, RankEvents
+from ..context import require, services
 from ..errors import ApiError
 from ..responses import JSONResponse
-from ..services import require, services
 
 router = APIRouter()
 Ingest = Annotated[ApiKeyRecord, Depends(require("ingest"))]

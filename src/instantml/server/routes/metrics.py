@@ -14,10 +14,10 @@ from ...validation import mark_of
 from .. import schemas, writes
 from ..apply import apply_one
 from ..body import read_json_object
+from ..context import require, services
 from ..errors import ApiError
 from ..keyquery import KeyName, required
 from ..responses import JSONResponse
-from ..services import require, services
 
 router = APIRouter()
 CAPTURED = "string_series"  # the public SDK's capture_console: log_text under console/

@@ -13,9 +13,9 @@ from ...storage.records import RANK, ApiKeyRecord, RunRecord
 from .. import schemas, writes
 from ..apply import apply_one
 from ..body import read_json_object
+from ..context import Services, require, services
 from ..errors import ApiError
 from ..responses import JSONResponse
-from ..services import Services, require, services
 
 router = APIRouter()
 Ingest = Annotated[ApiKeyRecord, Depends(require("ingest"))]

@@ -10,14 +10,14 @@ from starlette.concurrency import run_in_threadpool
 
 from ...rankmath.params import SummaryParams, default_key
 from ...rankmath.stragglers import DEFAULT_KEY, DEFAULT_WINDOW, scores
+from ...storage.querier import drive
 from ...storage.records import RANK, ApiKeyRecord
 from ...summary.assemble import assemble
 from ...summary.coverage import seen_before, split_lagging
-from ..commands import Envelope, Refresh
+from ..context import Services, require, services
 from ..errors import ApiError
 from ..keyquery import KeyName
 from ..responses import JSONResponse
-from ..services import Services, require, services
 
 router = APIRouter()
 Read = Annotated[ApiKeyRecord, Depends(require("read"))]
@@ -72,10 +72,11 @@ async def distributed(
     # Answer with every point committed before the request: stale aggregates are brought
     # up to date first, by the writer (the only thread that writes).
     if await run_in_threadpool(points.needs_refresh, sid):
-        await found.writer.submit([Envelope(Refresh(key.org_id, run_id, metric))])
+        await found.writer.compact(sid)
     # Between its reads the summary waits for the writes in flight (a bounded wait): a
     # summary is polled every few seconds, a write's answer holds up a training job.
-    rows = await run_in_threadpool(points.summary_rows, sid, params, found.writer.wait_quiet)
+    reading = points.summary_reading(sid, params)
+    rows = await run_in_threadpool(drive, reading, found.writer.wait_quiet)
     answer = assemble(rows, params)
     await run_in_threadpool(_live_coverage, found, key.org_id, run_id, sid, params, answer)
     # Rendered straight by orjson: the answer is already plain data, and validating a

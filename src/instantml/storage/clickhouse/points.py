@@ -10,7 +10,7 @@ of two refreshes the one that read later wins, whichever finishes last.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -19,9 +19,11 @@ import numpy as np
 from ...rankmath import covers as block_math
 from ...rankmath.rows import SummaryRows
 from ...rankmath.step_stats import REFERENCE_STEPS, reach, robust_spread, step_stats
+from .. import querier
 from ..records import ScalarPoint, latest_points, step_number
-from . import block_tables, summary
+from . import block_tables, migrations, windows
 from .engine import ChEngine
+from .summary_tables import ClickHouseSummaryTables
 
 if TYPE_CHECKING:
     from ...rankmath.params import SummaryParams
@@ -48,16 +50,7 @@ class ChPoints:
         self._engine = engine
         self._backlog = 0  # stale steps this process marked and has not seen refreshed
         engine.join(self)
-        _copy_int_scalars(engine)
-        # Points written before blocks existed: every step stale once, so its blocks are
-        # built by the refresh (a cheap check: count() of a MergeTree is metadata).
-        ((blocks_kept,),) = engine.rows(f"SELECT count() FROM {engine.table('rank_blocks')}")
-        if not blocks_kept:  # (their outlier rows come with the refresh)
-            with engine.guarded() as client:
-                client.command(
-                    f"INSERT INTO {engine.table('stale_steps')} SELECT DISTINCT series_id,"
-                    f" step, 1, {engine.version()} FROM {engine.table('rank_points')}"
-                )
+        migrations.upgrade_points(engine)
 
     # ---- writes, in a unit ----
 
@@ -114,33 +107,32 @@ class ChPoints:
                 out[int(sid)] = (int(n), step_number(last))
         return out
 
-    def summary_rows(
-        self, series_id: int, params: SummaryParams, pause: Callable[[], None] | None = None
-    ) -> SummaryRows:
-        # ``pause`` is for an engine in the server's process; ClickHouse's reads run on
-        # its own server, beside no writer thread of this one.
-        return summary.rows(self._engine, series_id, params)
+    def summary_reading(self, series_id: int, params: SummaryParams) -> querier.Reading:
+        return querier.read(ClickHouseSummaryTables(self._engine), series_id, params)
+
+    def summary_rows(self, series_id: int, params: SummaryParams) -> SummaryRows:
+        return querier.drive(self.summary_reading(series_id, params))
 
     def window_medians(
         self, series_id: int, window: int, step_max: int | None = None
     ) -> tuple[tuple[int, int] | None, dict[int, tuple[float, int]]]:
-        return summary.window_medians(self._engine, series_id, window, step_max)
+        return windows.window_medians(self._engine, series_id, window, step_max)
 
     def window_points(self, series_id: int, steps: int) -> dict[str, np.ndarray]:
-        return summary.window_points(self._engine, series_id, steps)
+        return windows.window_points(self._engine, series_id, steps)
 
     def next_step(self, series_id: int, after: int | None) -> int | None:
-        return summary.next_step(self._engine, series_id, after)
+        return windows.next_step(self._engine, series_id, after)
 
     def last_steps_of(
         self, series_id: int, ranks: list[int], before: int | None = None
     ) -> dict[int, int]:
-        return summary.last_steps_of(self._engine, series_id, ranks, before)
+        return windows.last_steps_of(self._engine, series_id, ranks, before)
 
     def first_nonfinite(
         self, series_id: int, lo: int = 0, hi: int = 2**63 - 1
     ) -> dict[int, tuple[int, float]]:
-        return summary.first_nonfinite(self._engine, series_id, lo, hi)
+        return windows.first_nonfinite(self._engine, series_id, lo, hi)
 
     # ---- the unit ----
 
@@ -381,22 +373,6 @@ def _columns(rows: list[tuple[Any, ...]], names: tuple[str, ...]) -> dict[str, n
     if not rows:
         return {name: np.empty(0) for name in names}
     return {name: np.array(column) for name, column in zip(names, zip(*rows), strict=True)}
-
-
-def _copy_int_scalars(engine: ChEngine) -> None:
-    """Scalar points of an earlier version (Int64 steps, ``scalar_points``) into the
-    Float64 table, once: when that table exists and this one is empty."""
-    ((old,),) = engine.rows(
-        "SELECT count() FROM system.tables WHERE database = {db:String} AND name = 'scalar_points'",
-        {"db": engine.database},
-    )
-    if not old or engine.rows(f"SELECT count() FROM {engine.table('scalars')}")[0][0]:
-        return
-    with engine.guarded() as client:
-        client.command(
-            f"INSERT INTO {engine.table('scalars')} SELECT series_id, toFloat64(step), value, ts,"
-            f" preview, version FROM {engine.table('scalar_points')}"
-        )
 
 
 def _concat(frames: list[dict[str, Any]]) -> dict[str, Any]:

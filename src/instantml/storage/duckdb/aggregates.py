@@ -141,25 +141,3 @@ def _recompute_range(engine: Engine, sid: int, lo: int, hi: int) -> None:
             " AND rank_points.rank = scored.rank AND rank_points.step BETWEEN ? AND ?",
             [*params, sid, lo, hi],
         )
-
-
-def raise_rank_last(
-    rank_last: dict[int, np.ndarray], sids: np.ndarray, ranks: np.ndarray, steps: np.ndarray
-) -> None:
-    """Raise each (series, rank)'s newest step to the given points' where they are newer."""
-    if not len(sids):
-        return
-    order = np.lexsort((ranks, sids))
-    sids, ranks, steps = sids[order], ranks[order].astype(np.int64), steps[order]
-    starts = np.flatnonzero(np.r_[True, sids[1:] != sids[:-1]])
-    for start, end in zip(starts, np.r_[starts[1:], len(sids)], strict=True):
-        sid = int(sids[start])
-        r, s = ranks[start:end], steps[start:end].astype(np.int64)
-        known = rank_last.get(sid)
-        size = int(r.max()) + 1
-        if known is None or len(known) < size:
-            grown = np.full(max(size, 0 if known is None else len(known)), -1, dtype=np.int64)
-            if known is not None:
-                grown[: len(known)] = known
-            known = rank_last[sid] = grown
-        np.maximum.at(known, r, s)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Sequence
 
 import duckdb
@@ -21,6 +20,7 @@ from ..records import Keys, Slot, StoredAnswer
 from .engine import Engine
 from .keyfilter import KeyFilter, hashes
 from .keyranges import KeyRanges, idents
+from .upload_marks import UploadMarks
 
 SCHEMA = """
 -- Append-only (one row per unit that charged points; read as a SUM): a plain insert
@@ -79,21 +79,6 @@ _IDEMPOTENCY_COLUMNS = {
 }
 
 
-class _Marks:
-    """One ordered upload's completed batches (the newest ``_KEPT_MARKS`` of them)."""
-
-    __slots__ = ("floor", "marks", "used")
-
-    def __init__(self) -> None:
-        self.floor = 0  # every batch below it completed cleanly (its mark was let go)
-        self.marks: dict[int, bool] = {}
-        self.used = time.monotonic()
-
-
-_KEPT_MARKS = 1024  # an uploader keeps 2 batches in flight: older marks are never asked for
-_IDLE_SESSION = 3600.0  # an ordered upload unused this long is forgotten
-
-
 class _Staged:
     def __init__(self) -> None:
         self.charges: dict[tuple[int, str], int] = {}
@@ -115,7 +100,7 @@ class DuckDBLedger:
         ).fetchall()[0][0]
         self._claims: set[Slot] = set()
         self._claims_lock = threading.Lock()
-        self._uploads: dict[tuple[int, str], _Marks] = {}  # guarded by the claims' lock
+        self._uploads = UploadMarks()
         self._used: dict[tuple[int, str], int] = {}
         # What each partition's keys are known by (replaced, never changed in place, but for
         # a filter's bits: a lookup on another thread reads them as they were).
@@ -242,33 +227,10 @@ class DuckDBLedger:
     # ---- ordered uploads: in memory, as the claims (one process sees every batch) ----
 
     def mark_batch(self, org_id: int, session: str, seq: int, clean: bool) -> None:
-        with self._claims_lock:
-            upload = self._uploads.get((org_id, session))
-            if upload is None:
-                now = time.monotonic()
-                for idle in [k for k, v in self._uploads.items() if v.used < now - _IDLE_SESSION]:
-                    del self._uploads[idle]
-                upload = self._uploads[(org_id, session)] = _Marks()
-            upload.used = time.monotonic()
-            if seq < upload.floor or seq in upload.marks:
-                return
-            upload.marks[seq] = clean
-            if len(upload.marks) > 2 * _KEPT_MARKS:
-                newest = max(upload.marks)
-                upload.floor = newest - _KEPT_MARKS
-                upload.marks = {q: c for q, c in upload.marks.items() if q >= upload.floor}
+        self._uploads.mark(org_id, session, seq, clean)
 
     def batch_marks(self, org_id: int, session: str, seqs: Sequence[int]) -> dict[int, bool]:
-        with self._claims_lock:
-            upload = self._uploads.get((org_id, session))
-            if upload is None:
-                return {}
-            upload.used = time.monotonic()
-            return {
-                q: True if q < upload.floor else upload.marks[q]
-                for q in seqs
-                if q < upload.floor or q in upload.marks
-            }
+        return self._uploads.marks(org_id, session, seqs)
 
     # ---- usage ----
 

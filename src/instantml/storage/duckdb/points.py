@@ -1,10 +1,9 @@
 """Metric points and their per-step aggregates in DuckDB.
 
-Rank points have no primary key (its index cost a quarter of every ingest and most of the
-memory). A point is unique by construction instead, which only works because one process
-owns the file: the store knows each (series, rank)'s newest committed step, so a point
-beyond it is new (nearly all of them) and one at or before it may rewrite an existing
-point, whose old row is deleted in the same unit before the new one goes in.
+Rank points have no primary key: a point is unique by construction, from what the store's
+head (:mod:`.head`) knows of each (series, rank)'s newest step; a point at or before it
+may rewrite an existing point, whose old row is deleted in the same unit before the new
+one goes in.
 
 Aggregates: a step whose points all arrive in one unit (a batch), newer than any its series
 has, gets its reducers and each point's scores computed while staging; any other point
@@ -23,136 +22,42 @@ restart, past ``TAIL_POINTS``, after a single request) such a step goes stale as
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from itertools import repeat
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ...rankmath import covers as block_math
-from ...rankmath.params import ROBUST_Z_THRESHOLD
 from ...rankmath.rows import SummaryRows
-from ...rankmath.step_stats import REFERENCE_STEPS, robust_spread, step_stats
+from ...rankmath.step_stats import REFERENCE_STEPS, step_stats
+from .. import querier
 from ..records import ScalarPoint, latest_points, step_number
-from . import aggregates, block_tables, summary
+from . import aggregates, block_tables, point_tables, windows
 from .engine import Engine
+from .head import Head, Staged
+from .summary_tables import DuckDBSummaryTables
 
 if TYPE_CHECKING:
     from ...rankmath.params import SummaryParams
-
-# A scalar step is any finite number >= 0 (validation.scalar_step), kept as a float64.
-SCALAR_SCHEMA = """CREATE TABLE IF NOT EXISTS scalar_points (
-    series_id INTEGER NOT NULL, step DOUBLE NOT NULL, value DOUBLE NOT NULL,
-    ts DOUBLE NOT NULL, preview BOOLEAN NOT NULL, PRIMARY KEY (series_id, step));"""
-SCHEMA = f"""
-CREATE TABLE IF NOT EXISTS rank_points (
-    series_id INTEGER NOT NULL, step BIGINT NOT NULL, rank SMALLINT NOT NULL,
-    world_size SMALLINT NOT NULL, local_rank SMALLINT, value DOUBLE NOT NULL,
-    weight DOUBLE NOT NULL, ts DOUBLE NOT NULL,
-    delta DOUBLE, z DOUBLE, robust_z DOUBLE);  -- one row per (series_id, step, rank)
-{SCALAR_SCHEMA}
-CREATE TABLE IF NOT EXISTS step_stats (
-    series_id INTEGER NOT NULL, step BIGINT NOT NULL, n INTEGER NOT NULL,
-    expected INTEGER NOT NULL, mean DOUBLE NOT NULL, weighted_mean DOUBLE NOT NULL,
-    min DOUBLE NOT NULL, max DOUBLE NOT NULL, std DOUBLE NOT NULL, p05 DOUBLE NOT NULL,
-    p50 DOUBLE NOT NULL, p95 DOUBLE NOT NULL, mad DOUBLE NOT NULL, mean_ad DOUBLE NOT NULL,
-    PRIMARY KEY (series_id, step));
-CREATE TABLE IF NOT EXISTS stale_steps (series_id INTEGER NOT NULL, step BIGINT NOT NULL);
--- Stores written by earlier versions: the columns they did not have.
-ALTER TABLE rank_points ADD COLUMN IF NOT EXISTS delta DOUBLE;
-ALTER TABLE rank_points ADD COLUMN IF NOT EXISTS z DOUBLE;
-ALTER TABLE rank_points ADD COLUMN IF NOT EXISTS robust_z DOUBLE;
-ALTER TABLE step_stats ADD COLUMN IF NOT EXISTS nonfinite INTEGER DEFAULT 0;
--- A store written before aggregates existed: every step of it is stale.
-INSERT INTO stale_steps SELECT DISTINCT series_id, step FROM rank_points
-WHERE NOT EXISTS (SELECT 1 FROM step_stats) AND NOT EXISTS (SELECT 1 FROM stale_steps)
-    AND NOT EXISTS (SELECT 1 FROM rank_points WHERE z IS NOT NULL);
-"""
 
 REFRESH_CHUNK = 4096  # stale steps recomputed per unit of background work
 BLOCK_CHUNK = 4096  # stale level-1 blocks rebuilt per unit of background work
 READ_STALE_BLOCKS = 256  # a summary reads up to this many stale level-1 blocks' points
 FRESH_MIN_POINTS = 64  # a unit writing fewer points of a series leaves its new steps stale
-TAIL_POINTS = 1 << 18  # points of open steps kept in memory (the oldest tails dropped past it)
 _POINT_NAMES = ("series_id", "step", "rank", "world_size", "local_rank", "value", "weight", "ts")
 _TAIL_NAMES = _POINT_NAMES[1:]
-
-
-def _float_scalar_steps(con: Any) -> None:
-    """A store from before scalar steps could be fractions keeps them as BIGINT: copy its
-    scalar points into the DOUBLE column once (every integer step below 2**53 exactly)."""
-    found = con.execute(
-        "SELECT data_type FROM information_schema.columns"
-        " WHERE table_name = 'scalar_points' AND column_name = 'step'"
-    ).fetchall()
-    if not found or found[0][0] == "DOUBLE":
-        return
-    con.execute("BEGIN TRANSACTION")
-    con.execute("ALTER TABLE scalar_points RENAME TO scalar_points_int")
-    con.execute(SCALAR_SCHEMA)
-    con.execute(
-        "INSERT INTO scalar_points SELECT series_id, step, value, ts, preview FROM scalar_points_int"
-    )
-    con.execute("DROP TABLE scalar_points_int")
-    con.execute("COMMIT")
-
-
-class _Staged:
-    def __init__(self) -> None:
-        self.rank: dict[int, list[dict[str, np.ndarray]]] = {}
-        self.scalars: dict[tuple[int, int | float], ScalarPoint] = {}
-        self.refresh: set[int] = set()
-        self.maintain: tuple[int, list[int]] | None = None
-        self.maintain_blocks: dict[int, list[int]] | None = None
-        # Each staged series' open step's points after this unit (None: it has none).
-        self.tails: dict[int, dict[str, np.ndarray] | None] = {}
-        self.rescored: list[tuple[int, int]] = []  # (series, step) scored again whole
-        # Steps scored while staging: (series, steps, n, mad), for the spreads remembered.
-        self.spreads: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = []
-        # Filled by flush, for committed():
-        self.frames: list[dict[str, np.ndarray]] = []
-        self.last_step: dict[int, int] = {}
-        self.stale: dict[int, set[int]] = {}
-        self.refreshed: dict[int, set[int]] = {}
-        self.dirty: dict[int, set[int]] = {}  # level-1 blocks newly stale
-        self.rebuilt: dict[int, set[int]] = {}
 
 
 class DuckDBPoints:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
         con = engine.con
-        _float_scalar_steps(con)
-        con.execute(SCHEMA)
+        point_tables.float_scalar_steps(con)
+        con.execute(point_tables.SCHEMA)
         block_tables.create(engine)
-        self._stale: dict[int, set[int]] = {}
-        self._floors: dict[tuple[int, int], int] = {}  # (series, steps): a window's first
-        for sid, step in con.execute("SELECT DISTINCT series_id, step FROM stale_steps").fetchall():
-            self._stale.setdefault(sid, set()).add(step)
-        # Level-1 blocks behind their points (blocks.py), by series.
-        self._dirty: dict[int, set[int]] = {}
-        for sid, start in con.execute(
-            "SELECT DISTINCT series_id, start FROM stale_blocks"
-        ).fetchall():
-            self._dirty.setdefault(sid, set()).add(start)
-        # Each rank series' newest step, and each of its ranks' (see the module docstring).
-        self._rank_last: dict[int, np.ndarray] = {}
-        newest = con.execute(
-            "SELECT series_id, rank, max(step) AS step FROM rank_points GROUP BY series_id, rank"
-        ).fetchnumpy()
-        aggregates.raise_rank_last(
-            self._rank_last, newest["series_id"], newest["rank"], newest["step"]
-        )
-        self._last_step = {sid: int(steps.max()) for sid, steps in self._rank_last.items()}
-        # Each series' open step, by its points (``_TAIL_NAMES``): its newest step when that
-        # was scored whole in the last unit that wrote the series and has fewer points than
-        # its world size.
-        self._tails: dict[int, dict[str, np.ndarray]] = {}
-        # Per series: the last scored steps with 2 finite values or more, and their robust
-        # spreads (a new step's reference spread is taken over them), loaded on first use.
-        self._spreads: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        self._tail_points = 0  # the points the tails hold, at most TAIL_POINTS
-        self._staged = _Staged()
+        self._head = Head.load(con)
+        self._staged = Staged()
         engine.join(self)
 
     # ---- writes, in a unit ----
@@ -169,33 +74,30 @@ class DuckDBPoints:
 
     def maintain(self) -> bool:
         # Steps first: a block is rebuilt from its points' scores.
-        if self._stale:
-            sid, steps = next(iter(self._stale.items()))
+        if self._head.stale:
+            sid, steps = next(iter(self._head.stale.items()))
             self._staged.maintain = (sid, sorted(steps)[:REFRESH_CHUNK])
             return True
-        if self._dirty:  # of every series at once, up to a chunk
+        if self._head.dirty:  # of every series at once, up to a chunk
             chosen: dict[int, list[int]] = {}
             room = BLOCK_CHUNK
-            for sid, starts in self._dirty.items():
+            for sid, starts in self._head.dirty.items():
                 chosen[sid] = sorted(starts)[:room]
                 room -= len(chosen[sid])
                 if room <= 0:
                     break
             self._staged.maintain_blocks = chosen
-            return sum(map(len, self._dirty.values())) > BLOCK_CHUNK - room
+            return sum(map(len, self._head.dirty.values())) > BLOCK_CHUNK - room
         return False
 
     def backlog(self) -> int:
-        """Background work waiting: stale steps, and stale level-1 blocks (a block's
-        rebuild costs about what one step's recompute does)."""
-        steps = sum(len(s) for s in self._stale.values())
-        return steps + sum(len(s) for s in self._dirty.values())
+        return self._head.backlog()
 
     def needs_refresh(self, series_id: int) -> bool:
-        # A summary reads the points of stale blocks itself (summary.py); past a few it
+        # A summary reads the points of stale blocks itself (summary_tables.py); past a few it
         # costs less to have the writer rebuild them first.
-        dirty = self._dirty.get(series_id, ())
-        return bool(self._stale.get(series_id)) or len(dirty) > READ_STALE_BLOCKS
+        dirty = self._head.dirty.get(series_id, ())
+        return bool(self._head.stale.get(series_id)) or len(dirty) > READ_STALE_BLOCKS
 
     # ---- reads ----
 
@@ -239,66 +141,57 @@ class DuckDBPoints:
         )
         return {sid: (int(n), None if last is None else step_number(last)) for sid, n, last in rows}
 
-    def summary_rows(
-        self, series_id: int, params: SummaryParams, pause: Callable[[], None] | None = None
-    ) -> SummaryRows:
-        return summary.rows(self._engine.cursor(), series_id, params, pause or summary.go_on)
+    def summary_reading(self, series_id: int, params: SummaryParams) -> querier.Reading:
+        return querier.read(DuckDBSummaryTables(self._engine.cursor()), series_id, params)
+
+    def summary_rows(self, series_id: int, params: SummaryParams) -> SummaryRows:
+        return querier.drive(self.summary_reading(series_id, params))
 
     def window_medians(
         self, series_id: int, window: int, step_max: int | None = None
     ) -> tuple[tuple[int, int] | None, dict[int, tuple[float, int]]]:
         if step_max is not None:  # a zoom's window: no floor guessed or kept
-            return summary.window_medians(self._engine.cursor(), series_id, window, None, step_max)
-        span, medians = summary.window_medians(
-            self._engine.cursor(), series_id, window, self._floors.get((series_id, window))
+            return windows.window_medians(self._engine.cursor(), series_id, window, None, step_max)
+        span, medians = windows.window_medians(
+            self._engine.cursor(), series_id, window, self._head.floors.get((series_id, window))
         )
-        self._remember_floor(series_id, window, None if span is None else span[0])
+        self._head.remember_floor(series_id, window, None if span is None else span[0])
         return span, medians
 
     def window_points(self, series_id: int, steps: int) -> dict[str, np.ndarray]:
-        columns = summary.window_points(
-            self._engine.cursor(), series_id, steps, self._floors.get((series_id, steps))
+        columns = windows.window_points(
+            self._engine.cursor(), series_id, steps, self._head.floors.get((series_id, steps))
         )
         first = int(columns["step"][0]) if len(columns["step"]) else None
-        self._remember_floor(series_id, steps, first)
+        self._head.remember_floor(series_id, steps, first)
         return columns
 
     def next_step(self, series_id: int, after: int | None) -> int | None:
-        return summary.next_step(self._engine.cursor(), series_id, after)
+        return windows.next_step(self._engine.cursor(), series_id, after)
 
     def last_steps_of(
         self, series_id: int, ranks: list[int], before: int | None = None
     ) -> dict[int, int]:
-        return summary.last_steps_of(self._engine.cursor(), series_id, ranks, before)
+        return windows.last_steps_of(self._engine.cursor(), series_id, ranks, before)
 
     def first_nonfinite(
         self, series_id: int, lo: int = 0, hi: int = 2**63 - 1
     ) -> dict[int, tuple[int, float]]:
-        return summary.first_nonfinite(self._engine.cursor(), series_id, lo, hi)
-
-    def _remember_floor(self, series_id: int, steps: int, first: int | None) -> None:
-        """The first of a series' last ``steps`` steps, as the next look's guess: a window's
-        first step only rises as steps arrive, so the next look reads the step rows from
-        there, not the whole run's."""
-        if first is None:
-            return
-        if len(self._floors) >= 65_536:  # many series looked at: start again
-            self._floors.clear()
-        self._floors[(series_id, steps)] = first
+        return windows.first_nonfinite(self._engine.cursor(), series_id, lo, hi)
 
     # ---- the unit ----
 
     def begin(self) -> None:
-        self._staged = _Staged()
+        self._staged = Staged()
 
     def flush(self) -> None:
         staged = self._staged
         if staged.rank:
             self._flush_rank(staged)
         if staged.scalars:
-            self._flush_scalars(list(staged.scalars.values()))
+            point_tables.upsert_scalars(self._engine, list(staged.scalars.values()))
         todo = {
-            sid: self._stale.get(sid, set()) | staged.stale.get(sid, set())
+            sid: self._head.stale.get(sid, set()) | staged.stale.get(sid, set())
             for sid in staged.refresh
         }
         if staged.maintain is not None:
@@ -307,8 +200,8 @@ class DuckDBPoints:
         for sid, stale in todo.items():
             if stale:
                 ranges = aggregates.recompute(self._engine, sid, sorted(stale))
-                self._spreads.pop(sid, None)  # read again from the rows just written
-                known = self._stale.get(sid, set()) | staged.stale.get(sid, set())
+                self._head.spreads.pop(sid, None)  # read again from the rows just written
+                known = self._head.stale.get(sid, set()) | staged.stale.get(sid, set())
                 staged.refreshed[sid] = {
                     s for s in known if any(lo <= s <= hi for lo, hi in ranges)
                 } | stale
@@ -320,77 +213,26 @@ class DuckDBPoints:
                     staged,
                 )
         dirty = {
-            sid: self._dirty.get(sid, set()) | staged.dirty.get(sid, set())
+            sid: self._head.dirty.get(sid, set()) | staged.dirty.get(sid, set())
             for sid in staged.refresh
         }
         for sid, chunk in (staged.maintain_blocks or {}).items():
             dirty[sid] = dirty.get(sid, set()) | set(chunk)
         dirty = {sid: starts for sid, starts in dirty.items() if starts}
         if dirty:
-            last = {sid: max(self._last_step.get(sid, -1), staged.last_step.get(sid, -1))
+            last = {sid: max(self._head.last_step.get(sid, -1), staged.last_step.get(sid, -1))
                     for sid in dirty}  # fmt: skip
             block_tables.recompute(self._engine, {sid: sorted(s) for sid, s in dirty.items()}, last)
             staged.rebuilt.update(dirty)
 
     def committed(self) -> None:
-        staged = self._staged
-        for sid, steps in staged.stale.items():
-            self._stale.setdefault(sid, set()).update(steps)
-        for sid, last in staged.last_step.items():
-            self._last_step[sid] = max(self._last_step.get(sid, -1), last)
-        for frame in staged.frames:
-            aggregates.raise_rank_last(
-                self._rank_last, frame["series_id"], frame["rank"], frame["step"]
-            )
-        for sid, new_steps, n, mad in staged.spreads:
-            self._remember_spreads(sid, new_steps, n, mad)
-        for sid, steps in staged.refreshed.items():
-            remaining = self._stale.get(sid, set()) - steps
-            if remaining:
-                self._stale[sid] = remaining
-            else:
-                self._stale.pop(sid, None)
-        for sid, starts in staged.dirty.items():
-            self._dirty.setdefault(sid, set()).update(starts)
-        for sid, starts in staged.rebuilt.items():
-            left = self._dirty.get(sid, set()) - starts
-            if left:
-                self._dirty[sid] = left
-            else:
-                self._dirty.pop(sid, None)
-        for sid, tail in staged.tails.items():
-            kept = self._tails.pop(sid, None)  # a kept tail moves to the end: the newest
-            if kept is not None:
-                self._tail_points -= len(kept["step"])
-            if tail is not None:
-                self._tails[sid] = tail
-                self._tail_points += len(tail["step"])
-        while self._tail_points > TAIL_POINTS:
-            self._tail_points -= len(self._tails.pop(next(iter(self._tails)))["step"])
-        self._staged = _Staged()
+        self._head.commit(self._staged)
+        self._staged = Staged()
 
     def rolled_back(self) -> None:
-        self._staged = _Staged()
+        self._staged = Staged()
 
-    def _remember_spreads(
-        self, sid: int, steps: np.ndarray, n: np.ndarray, mad: np.ndarray
-    ) -> None:
-        """Keep the last scored steps' spreads (those with 2 finite values or more) of a
-        series whose spreads are in memory, with these steps' over any older score."""
-        known = self._spreads.get(sid)
-        if known is None:
-            return
-        old_steps, old = known
-        kept = ~np.isin(old_steps, steps)
-        qualifies = n >= 2
-        all_steps = np.concatenate([old_steps[kept], steps[qualifies]])
-        spreads = np.concatenate([old[kept], robust_spread(n[qualifies], mad[qualifies])])
-        order = np.argsort(all_steps, kind="stable")[-(REFERENCE_STEPS - 1) :]
-        self._spreads[sid] = (all_steps[order], spreads[order])
-        if len(self._spreads) > 65_536:  # many series written: start again
-            self._spreads.clear()
-
-    def _flush_rank(self, staged: _Staged) -> None:
+    def _flush_rank(self, staged: Staged) -> None:
         engine = self._engine
         frames: list[dict[str, np.ndarray]] = []
         stats: list[dict[str, np.ndarray]] = []
@@ -399,7 +241,7 @@ class DuckDBPoints:
             points = latest_points(chunks)
             frames.append(self._stage(sid, points, stats, rewrites, staged))
         if rewrites:
-            self._delete(rewrites)
+            point_tables.delete_points(self._engine, rewrites)
         if staged.rescored:
             aggregates.unscore(
                 self._engine,
@@ -420,7 +262,7 @@ class DuckDBPoints:
                 f" CASE WHEN isnan(robust_z) THEN NULL ELSE robust_z END FROM {source}",
                 params,
             )
-        self._insert_outliers(frame)
+        point_tables.insert_outliers(self._engine, frame)
         self._mark_blocks(frame, staged)
         if stats:
             aggregates.insert_stats(
@@ -440,26 +282,7 @@ class DuckDBPoints:
                     f"INSERT INTO stale_steps SELECT series_id, step FROM {source}", params
                 )
 
-    def _insert_outliers(self, frame: dict[str, np.ndarray]) -> None:
-        """Keep the scored points that are outliers at the default thresholds as rows (a
-        few per batch: selected here, so the batch is not scanned again)."""
-        with np.errstate(invalid="ignore"):
-            chosen = np.flatnonzero(
-                (np.abs(frame["z"]) >= block_math.DEFAULT_Z)
-                | (np.abs(frame["robust_z"]) >= ROBUST_Z_THRESHOLD)
-            )
-        if not len(chosen):
-            return
-        names = ("series_id", "step", "rank", "local_rank", "value", "delta", "z", "robust_z")
-        rows = {name: frame[name][chosen] for name in names}
-        with self._engine.frame("outliers", rows) as (source, params):
-            self._engine.con.execute(
-                "INSERT INTO outlier_rows SELECT series_id, step, rank, nullif(local_rank, -1),"
-                f" value, delta, z, robust_z FROM {source}",
-                params,
-            )
-
-    def _mark_blocks(self, frame: dict[str, np.ndarray], staged: _Staged) -> None:
+    def _mark_blocks(self, frame: dict[str, np.ndarray], staged: Staged) -> None:
         """Mark stale the level-1 blocks these points are in (those not stale already),
         and the one that held the series' newest step when these points take it past that
         block's end: the blocks left unbuilt while incomplete are among its ancestors
@@ -469,10 +292,10 @@ class DuckDBPoints:
         for sid in np.unique(sids).tolist():
             mine = steps[sids == sid]
             starts = set(block_math.level_one(mine).tolist())
-            before = self._last_step.get(sid, -1)
+            before = self._head.last_step.get(sid, -1)
             if before >= 0 and int(mine.max()) // block_math.BASE > before // block_math.BASE:
                 starts.add(before // block_math.BASE * block_math.BASE)
-            starts -= self._dirty.get(sid, set()) | staged.dirty.get(sid, set())
+            starts -= self._head.dirty.get(sid, set()) | staged.dirty.get(sid, set())
             if starts:
                 new[sid] = starts
                 staged.dirty.setdefault(sid, set()).update(starts)
@@ -497,15 +320,15 @@ class DuckDBPoints:
         points: dict[str, np.ndarray],
         stats: list[dict[str, np.ndarray]],
         rewrites: list[tuple[int, int, int]],
-        staged: _Staged,
+        staged: Staged,
     ) -> dict[str, np.ndarray]:
         """One series' points, ready to insert: steps newer than any the series has get
         their reducers and scores now (from these points, the latest write of each rank),
         and so does its open step, with its tail's points (written again); older steps are
         marked stale. Points that may exist already are noted to delete."""
-        last = self._last_step.get(sid, -1)
+        last = self._head.last_step.get(sid, -1)
         batch = len(points["step"]) >= FRESH_MIN_POINTS
-        tail = self._tails.get(sid) if batch else None
+        tail = self._head.tails.get(sid) if batch else None
         if tail is not None and int(tail["step"][0]) == last and (points["step"] == last).any():
             # More of the open step: its other ranks' stored points join these, to be
             # scored again whole and written again (their old rows deleted as rewrites).
@@ -534,10 +357,10 @@ class DuckDBPoints:
             staged.spreads.append((sid, step_rows["step"], step_rows["n"], step_rows["mad"]))
         if not fresh.all():
             staged.stale.setdefault(sid, set()).update(np.unique(steps[~fresh]).tolist())
-        top = max(self._last_step.get(sid, -1), int(steps.max()))
+        top = max(self._head.last_step.get(sid, -1), int(steps.max()))
         staged.last_step[sid] = top
         staged.tails[sid] = _open_step(points, fresh, top)
-        known = self._rank_last.get(sid)
+        known = self._head.newest_by_rank(sid)
         if known is not None:  # the series has points: any of these may rewrite one
             wide = ranks.astype(np.int64)
             missing = int(wide.max()) + 1 - len(known)
@@ -553,47 +376,14 @@ class DuckDBPoints:
         """The robust spreads of the series' last scored steps before ``before`` that a
         step's reference spread is taken over (``aggregates.spread_history``), from memory
         when it holds them: new steps come after every one scored."""
-        known = self._spreads.get(sid)
+        known = self._head.spreads.get(sid)
         if known is None:
-            known = self._spreads[sid] = aggregates.spread_history(self._engine, sid, None)
+            known = self._head.spreads[sid] = aggregates.spread_history(self._engine, sid, None)
         steps, spreads = known
         earlier = steps < before
         if earlier.all() or len(steps) < REFERENCE_STEPS - 1:
             return spreads[earlier]
         return aggregates.spread_history(self._engine, sid, before)[1]
-
-    def _delete(self, points: list[tuple[int, int, int]]) -> None:
-        """Delete these (series, step, rank) points where they exist: a rewrite's old row."""
-        sids, steps, ranks = (np.array(c, dtype=np.int64) for c in zip(*points))
-        frame: dict[str, np.ndarray] = {
-            "series_id": sids.astype(np.int32),
-            "step": steps,
-            "rank": ranks.astype(np.int16),
-        }
-        with self._engine.frame("rewrites", frame) as (source, params):
-            # The ranges let zone maps skip the row groups no rewrite can be in.
-            self._engine.con.execute(
-                f"DELETE FROM rank_points USING {source} WHERE"
-                " rank_points.series_id = rewrites.series_id AND rank_points.step = rewrites.step"
-                " AND rank_points.rank = rewrites.rank"
-                " AND rank_points.series_id BETWEEN ? AND ? AND rank_points.step BETWEEN ? AND ?",
-                [*params, int(sids.min()), int(sids.max()), int(steps.min()), int(steps.max())],
-            )
-
-    def _flush_scalars(self, points: list[ScalarPoint]) -> None:
-        columns: dict[str, tuple[list[Any], Any]] = {
-            "series_id": ([p.series_id for p in points], np.int32),
-            "step": ([p.step for p in points], np.float64),
-            "value": ([p.value for p in points], np.float64),
-            "ts": ([p.ts for p in points], np.float64),
-            "preview": ([p.preview for p in points], np.bool_),
-        }
-        with self._engine.rows("scalar_batch", columns) as (source, params):
-            self._engine.con.execute(
-                "INSERT OR REPLACE INTO scalar_points"
-                f" SELECT series_id, step, value, ts, preview FROM {source}",
-                params,
-            )
 
 
 def _open_step(

@@ -1,0 +1,162 @@
+"""The querier: the rows of a Distributed summary, read from a point engine's tables.
+
+One flow for every engine: the step rows of the range; the heatmap's bucket size (the
+bucket rule, :func:`instantml.rankmath.params.bucket_size`, applied here once); the cells
+and the rollup as sums of block rows and single steps' points (the covers of
+:mod:`instantml.rankmath.covers`) or, for a non-default z (the blocks keep outlier counts
+for the default z only), of every point of the range; the strongest outlier rows; each
+rank's first non-finite value. The engine answers narrow table reads
+(:class:`SummaryTables`); every figure is computed by ``rankmath``.
+
+A read is a generator that yields before each of its larger reads: whoever drives it (the
+server, which lets queued writes go first there) decides what happens in between; the
+store is never handed a callback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..rankmath import covers
+from ..rankmath.params import ROBUST_Z_THRESHOLD, SummaryParams, bucket_size
+from ..rankmath.rows import SummaryRows
+
+Reading = Generator[None, None, SummaryRows]
+# The step rows' columns, as every engine returns them (one row per step, in step order).
+STEP_COLUMNS = ("step", "n", "expected", "mean", "weighted_mean", "min", "max", "std", "p05",
+                "p50", "p95", "nonfinite")  # fmt: skip
+# Cell sums: ``rank, n, total, marks`` (one row per block, point or group of them), with
+# each row's heatmap bucket beside them.
+CellSums = tuple[dict[str, np.ndarray], np.ndarray]
+CELL_SUMS = ("rank", "n", "total", "marks")
+
+
+class SummaryTables(Protocol):
+    """The table reads a summary is made of, on one engine."""
+
+    # Cells are read from the range's points instead of its cover when the points are at
+    # most this many times the cover's rows (a zoom whose buckets are a few steps wide);
+    # 0: always from the cover.
+    scan_ratio: float
+
+    def snapshot(self) -> AbstractContextManager[Any]:
+        """The reads within it see one state of the tables (where the engine has one)."""
+        ...
+
+    def world_size(self, series_id: int) -> int:
+        """The largest world size of any step of the series (0: none)."""
+        ...
+
+    def step_rows(self, series_id: int, lo: int, hi: int) -> dict[str, np.ndarray]:
+        """The step rows of steps ``lo``-``hi`` (columns ``STEP_COLUMNS``), by step."""
+        ...
+
+    def stale_blocks(self, series_id: int) -> np.ndarray:
+        """The sorted starts of the level-1 blocks whose rows are behind their points:
+        read as points (an engine that rebuilds them before every read has none)."""
+        ...
+
+    def block_cell_sums(self, series_id: int, pieces: covers.Pieces, marked: bool) -> CellSums:
+        """Cell sums of the pieces' block rows (``marked``: the range has non-finite
+        values, so marks must be read)."""
+        ...
+
+    def single_cell_sums(self, series_id: int, pieces: covers.Pieces) -> CellSums:
+        """Cell sums of the points of the pieces' single steps."""
+        ...
+
+    def point_cell_sums(self, series_id: int, lo: int, hi: int, first: int, size: int) -> CellSums:
+        """Cell sums of every point of steps ``lo``-``hi``, bucket ``(step - first) //
+        size``."""
+        ...
+
+    def cover_rows(self, series_id: int, pieces: covers.Pieces) -> covers.Rows:
+        """The block rows and single steps' points of the pieces, as rows
+        (``covers.FIELDS``)."""
+        ...
+
+    def range_rollup(
+        self, series_id: int, lo: int, hi: int, z: float, robust_z: float
+    ) -> covers.Rows:
+        """Per rank, the sums of its points in steps ``lo``-``hi`` as rows
+        (``covers.FIELDS``; outliers counted at these thresholds)."""
+        ...
+
+    def outliers(
+        self, series_id: int, lo: int, hi: int, params: SummaryParams, kept: bool
+    ) -> list[tuple[Any, ...]]:
+        """The strongest outlier rows (``SummaryRows.outliers``) of steps ``lo``-``hi`` at
+        ``params.z`` (``kept``: the default z, whose rows the engine keeps)."""
+        ...
+
+    def first_nonfinite(self, series_id: int, lo: int, hi: int) -> dict[int, tuple[int, float]]:
+        """Per rank with a non-finite value in steps ``lo``-``hi``: its first such step and
+        the value."""
+        ...
+
+
+def read(tables: SummaryTables, series_id: int, params: SummaryParams) -> Reading:
+    """The rows of one key's summary over the params' range (a generator: see above)."""
+    lo = params.step_min if params.step_min is not None else 0
+    hi = params.step_max if params.step_max is not None else 2**63 - 1
+    yield
+    with tables.snapshot():
+        found = SummaryRows(tables.world_size(series_id), tables.step_rows(series_id, lo, hi))
+        steps = found.stats["step"]
+        if len(steps) == 0:
+            return found
+        first, last = int(steps[0]), int(steps[-1])
+        found.heat_size = size = bucket_size(first, last, len(steps), params.heatmap_steps)
+        marked = bool(found.stats["nonfinite"].any())
+        kept = params.z == covers.DEFAULT_Z
+        if kept:
+            # Each bucket is covered by a few aligned blocks per level and a few single
+            # steps at its edges, the rollup by the same cover of the whole range: the
+            # rows read grow with the buckets, the ranks and the levels, not the points.
+            stale = tables.stale_blocks(series_id)
+            pieces = covers.buckets(steps, first, size, stale)
+            points = int(found.stats["n"].sum() + found.stats["nonfinite"].sum())
+            cover = (len(pieces.starts) + len(pieces.steps)) * max(found.world_size, 1)
+            yield
+            if points <= tables.scan_ratio * cover:
+                found.cells = covers.cells(*tables.point_cell_sums(series_id, first, last,
+                                                                   first, size))  # fmt: skip
+            else:
+                blocks = tables.block_cell_sums(series_id, pieces, marked)
+                yield
+                found.cells = covers.cells(
+                    *_joined(blocks, tables.single_cell_sums(series_id, pieces))
+                )
+            yield
+            found.rollup = covers.rollup(tables.cover_rows(series_id, covers.whole(steps, stale)))
+        else:
+            yield
+            found.rollup = covers.rollup(
+                tables.range_rollup(series_id, lo, hi, params.z, ROBUST_Z_THRESHOLD)
+            )
+            found.cells = covers.cells(*tables.point_cell_sums(series_id, lo, hi, first, size))
+        yield
+        found.outliers = tables.outliers(series_id, lo, hi, params, kept)
+        if marked:
+            found.nonfinite_firsts = tables.first_nonfinite(series_id, lo, hi)
+    return found
+
+
+def _joined(first: CellSums, second: CellSums) -> CellSums:
+    sums = {name: np.concatenate([first[0][name], second[0][name]]) for name in CELL_SUMS}
+    return sums, np.concatenate([first[1], second[1]]).astype(np.int64)
+
+
+def drive(reading: Reading, pause: Callable[[], None] | None = None) -> SummaryRows:
+    """Run a read to its end, calling ``pause`` where it yields."""
+    while True:
+        try:
+            next(reading)
+        except StopIteration as done:
+            return done.value
+        if pause is not None:
+            pause()
