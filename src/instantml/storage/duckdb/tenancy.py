@@ -1,14 +1,18 @@
-"""Orgs, API keys and monthly-limit overrides in DuckDB. Rare writes (start, admin routes),
-each its own statement."""
+"""Orgs, API keys and monthly-limit overrides in DuckDB (``tenancy_sql.py``), on this
+thread's read connection: one process owns the file, so a lock of its own makes each of
+these transactions exclusive, and the limits it keeps never go stale."""
 
 from __future__ import annotations
 
+import math
 import threading
-import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from ..records import ApiKeyRecord, key_listing
-from .engine import Engine, first
+from ..health_sql import Execute
+from ..tenancy_sql import SqlTenancy
+from .engine import Engine
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS orgs (
@@ -20,104 +24,36 @@ CREATE TABLE IF NOT EXISTS api_keys (
 """
 
 
-class DuckDBTenancy:
+class DuckDBTenancy(SqlTenancy):
+    INSERT_ORG = (
+        "INSERT INTO orgs SELECT coalesce(max(org_id), 0) + 1, %s, NULL, %s FROM orgs"
+        " ON CONFLICT (name) DO NOTHING RETURNING org_id"
+    )
+    FIRST_KEY_LOCK = ""  # the transaction holds the process's lock
+    LIMIT_TTL = math.inf  # only this object changes them
+
     def __init__(self, engine: Engine) -> None:
+        super().__init__()
         self._engine = engine
         engine.con.execute(SCHEMA)
-        # Read by every metric write (the guardrail): kept here, set through this object.
-        self._limits: dict[int, int | None] = dict(
-            engine.con.execute("SELECT org_id, monthly_limit FROM orgs").fetchall()
-        )
-        self._lock = threading.Lock()  # org creation: check and insert as one
+        self._lock = threading.Lock()
 
-    def ensure_org(self, name: str) -> tuple[int, bool]:
+    def read(self, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
+        return self._engine.cursor().execute(sql.replace("%s", "?"), params).fetchall()
+
+    @contextmanager
+    def transaction(self) -> Iterator[Execute]:
+        cur = self._engine.cursor()
+
+        def execute(sql: str, params: Any) -> list[tuple[Any, ...]]:
+            result = cur.execute(sql.replace("%s", "?"), list(params))
+            return result.fetchall() if result.description else []
+
         with self._lock:
-            found = self.org_id(name)
-            if found is not None:
-                return found, False
-            (org_id,) = first(
-                self._engine.cursor().execute(
-                    "INSERT INTO orgs SELECT coalesce(max(org_id), 0) + 1, ?, NULL, ? FROM orgs"
-                    " RETURNING org_id",
-                    [name, time.time()],
-                )
-            )
-            self._limits[int(org_id)] = None
-            return int(org_id), True
-
-    def org_id(self, name: str) -> int | None:
-        rows = self._engine.cursor().execute("SELECT org_id FROM orgs WHERE name = ?", [name])
-        found = rows.fetchall()
-        return int(found[0][0]) if found else None
-
-    def org_name(self, org_id: int) -> str | None:
-        rows = self._engine.cursor().execute("SELECT name FROM orgs WHERE org_id = ?", [org_id])
-        found = rows.fetchall()
-        return str(found[0][0]) if found else None
-
-    def add_api_key(self, org_id: int, key_id: str, key_hash: str, scopes: frozenset[str]) -> None:
-        self._engine.cursor().execute(
-            "INSERT INTO api_keys VALUES (?, ?, ?, ?, ?, NULL)",
-            [key_id, org_id, key_hash, ",".join(sorted(scopes)), time.time()],
-        )
-
-    def add_first_api_key(
-        self, org_id: int, key_id: str, key_hash: str, scopes: frozenset[str]
-    ) -> bool:
-        with self._lock:  # one process owns the file: a lock of its own is enough
-            if self.count_api_keys():
-                return False
-            self.add_api_key(org_id, key_id, key_hash, scopes)
-            return True
-
-    def find_api_key(self, key_id: str) -> ApiKeyRecord | None:
-        rows = (
-            self._engine.cursor()
-            .execute(
-                "SELECT key_id, org_id, scopes, key_hash, revoked_at IS NOT NULL FROM api_keys"
-                " WHERE key_id = ?",
-                [key_id],
-            )
-            .fetchall()
-        )
-        if not rows:
-            return None
-        kid, org, scopes, key_hash, revoked = rows[0]
-        return ApiKeyRecord(kid, org, frozenset(scopes.split(",")), key_hash, bool(revoked))
-
-    def count_api_keys(self) -> int:
-        (n,) = first(self._engine.cursor().execute("SELECT count(*) FROM api_keys"))
-        return int(n)
-
-    def list_api_keys(self, org_id: int | None) -> list[dict[str, Any]]:
-        rows = (
-            self._engine.cursor()
-            .execute(
-                "SELECT k.key_id, o.name, k.scopes, k.created_at, k.revoked_at FROM api_keys k"
-                " JOIN orgs o USING (org_id) WHERE ? IS NULL OR k.org_id = ? ORDER BY k.created_at",
-                [org_id, org_id],
-            )
-            .fetchall()
-        )
-        return key_listing(rows)
-
-    def revoke_api_key(self, key_id: str, org_id: int | None) -> bool:
-        rows = (
-            self._engine.cursor()
-            .execute(
-                "UPDATE api_keys SET revoked_at = ? WHERE key_id = ? AND revoked_at IS NULL"
-                " AND (? IS NULL OR org_id = ?) RETURNING key_id",
-                [time.time(), key_id, org_id, org_id],
-            )
-            .fetchall()
-        )
-        return bool(rows)
-
-    def monthly_limit(self, org_id: int) -> int | None:
-        return self._limits.get(org_id)
-
-    def set_monthly_limit(self, org_id: int, limit: int | None) -> None:
-        self._engine.cursor().execute(
-            "UPDATE orgs SET monthly_limit = ? WHERE org_id = ?", [limit, org_id]
-        )
-        self._limits[org_id] = limit
+            cur.execute("BEGIN TRANSACTION")
+            try:
+                yield execute
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+            cur.execute("COMMIT")
