@@ -17,7 +17,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -26,6 +26,7 @@ from clickhouse_connect.driver.exceptions import DatabaseError
 
 from .. import safe_url
 from ..records import StorageError
+from ..unit import Participant, Units
 
 # name -> (columns, ORDER BY)
 TABLES: dict[str, tuple[str, str]] = {
@@ -134,8 +135,7 @@ class ChEngine:
             raise StorageError(f"cannot use ClickHouse at {safe_url(url)}: {reason}") from None
         finally:
             driver_log.setLevel(level)
-        self._local = threading.local()
-        self._participants: list[Any] = []
+        self._units = Units(nullcontext)
         self._last_version = 0
         self._version_lock = threading.Lock()
         # Versions follow one clock for every server process: the ClickHouse server's
@@ -216,30 +216,17 @@ class ChEngine:
         columns["version"] = np.full(len(columns["series_id"]), version, dtype=np.uint64)
         self.insert(table, columns)
 
-    def join(self, participant: Any) -> None:
-        self._participants.append(participant)
+    def join(self, participant: Participant) -> None:
+        self._units.join(participant)
 
-    @contextmanager
-    def unit(self) -> Iterator[None]:
+    def unit(self) -> AbstractContextManager[None]:
         """Stage this thread's writes; insert them when the block ends without error.
         (ClickHouse has no transaction over them: every write is idempotent by data, a
         newer version of the same rows, so a unit cut short is completed by its retry.)"""
-        if getattr(self._local, "staged", None) is not None:
-            yield
-            return
-        staged = self._local.staged = {id(p): p.begin() for p in self._participants}
-        try:
-            yield
-            for participant in self._participants:
-                participant.flush(staged[id(participant)])
-        finally:
-            self._local.staged = None
-        for participant in self._participants:
-            participant.committed(staged[id(participant)])
+        return self._units.unit()
 
-    def staged(self, participant: Any) -> Any:
-        staged = getattr(self._local, "staged", None)
-        return participant.begin() if staged is None else staged[id(participant)]
+    def staged(self, participant: Participant) -> Any:
+        return self._units.staged(participant)
 
     def close(self) -> None:
         try:

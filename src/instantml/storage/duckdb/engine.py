@@ -1,11 +1,11 @@
 """One DuckDB database: its connection, read cursors per thread, and the unit of work.
 
-A unit of work is one transaction on the writing connection. The stores built on the
-engine take part in it: each stages its writes in memory while the unit runs, writes them
-in a few bulk statements just before COMMIT (``flush``), and teaches its caches what was
-committed only after COMMIT succeeded (``committed``), or forgets them (``rolled_back``).
-Units are serialised by a lock: one writer, as DuckDB wants, and a guardrail charge can
-never race another.
+A unit of work (``storage/unit.py``) is one transaction on the writing connection. The
+stores built on the engine take part in it: each stages its writes in memory while the
+unit runs, writes them in a few bulk statements just before COMMIT (``flush``), and
+teaches its caches what was committed only after COMMIT succeeded (``committed``); a
+unit cut short drops its staging. Units are serialised by a lock: one writer, as DuckDB
+wants, and a guardrail charge can never race another.
 """
 
 from __future__ import annotations
@@ -13,14 +13,15 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import duckdb
 import numpy as np
 
 from ..records import StorageError
+from ..unit import Participant, Units
 
 _VALUES_MAX_ROWS = 64
 # DuckDB's buffer cache (table pages, the newest Idempotency-Key partition's index) is
@@ -39,16 +40,6 @@ DEFAULT_MEMORY_LIMIT = "1GB"
 # CHECKPOINT_BACKSTOP, for a writer that is never idle.
 IDLE_CHECKPOINT_BYTES = 16 * 2**20
 CHECKPOINT_BACKSTOP = "64MiB"
-
-
-class Participant(Protocol):
-    def begin(self) -> None: ...
-
-    def flush(self) -> None: ...
-
-    def committed(self) -> None: ...
-
-    def rolled_back(self) -> None: ...
 
 
 class Engine:
@@ -75,15 +66,18 @@ class Engine:
         if path != ":memory:":
             self.con.execute(f"SET checkpoint_threshold = '{CHECKPOINT_BACKSTOP}'")
         self._local = threading.local()
+        # One unit at a time, process wide (the one writing connection); a checkpoint
+        # takes it too, so it runs between units.
         self._lock = threading.RLock()
-        self._participants: list[Participant] = []
-        self._depth = 0
-        self._owner: int | None = None  # the thread inside the current unit
+        self._units = Units(self._transaction)
         self.closed = False
 
     def join(self, participant: Participant) -> None:
         """Take part in every unit from now on (flushed in the order joined)."""
-        self._participants.append(participant)
+        self._units.join(participant)
+
+    def staged(self, participant: Participant) -> Any:
+        return self._units.staged(participant)
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
         """This thread's read cursor (its own connection to the same database)."""
@@ -96,41 +90,23 @@ class Engine:
     def in_unit(self) -> bool:
         """Whether this thread is inside a unit (so may use the writing connection, and
         sees the unit's staged writes); other threads read committed data only."""
-        return self._depth > 0 and self._owner == threading.get_ident()
+        return self._units.in_unit
 
-    @contextmanager
-    def unit(self) -> Iterator[None]:
+    def unit(self) -> AbstractContextManager[None]:
         """One transaction around whatever the block writes; a unit inside a unit joins
         the outer one."""
+        return self._units.unit()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
         with self._lock:
-            if self._depth:
-                self._depth += 1
-                try:
-                    yield
-                finally:
-                    self._depth -= 1
-                return
-            self._depth = 1
-            self._owner = threading.get_ident()
             self.con.execute("BEGIN TRANSACTION")
-            for participant in self._participants:
-                participant.begin()
             try:
                 yield
-                for participant in self._participants:
-                    participant.flush()
-                self.con.execute("COMMIT")
             except BaseException:
-                try:
-                    self.con.execute("ROLLBACK")
-                finally:
-                    self._depth, self._owner = 0, None
-                    for participant in self._participants:
-                        participant.rolled_back()
+                self.con.execute("ROLLBACK")
                 raise
-            self._depth, self._owner = 0, None
-            for participant in self._participants:
-                participant.committed()
+            self.con.execute("COMMIT")
 
     @contextmanager
     def frame(self, name: str, frame: dict[str, np.ndarray]) -> Iterator[tuple[str, list[Any]]]:

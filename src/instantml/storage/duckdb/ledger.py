@@ -110,8 +110,13 @@ class DuckDBLedger:
         for number in self._partitions:
             self._load(number)
         self._frozen, self._apart = self._merged(self._partitions[:-1])
-        self._staged = _Staged()
         engine.join(self)
+
+    @property
+    def _staged(self) -> _Staged:
+        """This thread's unit's staging (outside a unit: an empty one)."""
+        staged: _Staged = self._engine.staged(self)
+        return staged
 
     # ---- claims: keys whose first request is being applied ----
 
@@ -268,11 +273,11 @@ class DuckDBLedger:
 
     # ---- the unit ----
 
-    def begin(self) -> None:
-        self._staged = _Staged()
+    def begin(self) -> _Staged:
+        return _Staged()
 
-    def flush(self) -> None:
-        engine, staged = self._engine, self._staged
+    def flush(self, staged: _Staged) -> None:
+        engine = self._engine
         charges = {slot: n for slot, n in staged.charges.items() if n}
         if charges:
             slots = list(charges)
@@ -310,8 +315,7 @@ class DuckDBLedger:
                     params,
                 )
 
-    def committed(self) -> None:
-        staged = self._staged
+    def committed(self, staged: _Staged) -> None:
         for slot, points in staged.charges.items():
             if slot in self._used:  # charge() read it first; else the next read sums the log
                 self._used[slot] += points
@@ -324,10 +328,6 @@ class DuckDBLedger:
             self._know(newest, staged.answers[0])
             if newest != self._partitions[-1]:
                 self._partitions = [*self._partitions, newest]
-        self._staged = _Staged()
-
-    def rolled_back(self) -> None:
-        self._staged = _Staged()
 
     def _know(self, number: int, keys: dict[str, np.ndarray]) -> None:
         """Add stored keys (columns of the partition) to what their partition is known by:

@@ -57,8 +57,13 @@ class DuckDBPoints:
         con.execute(point_tables.SCHEMA)
         block_tables.create(engine)
         self._head = Head.load(con)
-        self._staged = Staged()
         engine.join(self)
+
+    @property
+    def _staged(self) -> Staged:
+        """This thread's unit's staging (outside a unit: an empty one)."""
+        staged: Staged = self._engine.staged(self)
+        return staged
 
     # ---- writes, in a unit ----
 
@@ -181,11 +186,10 @@ class DuckDBPoints:
 
     # ---- the unit ----
 
-    def begin(self) -> None:
-        self._staged = Staged()
+    def begin(self) -> Staged:
+        return Staged()
 
-    def flush(self) -> None:
-        staged = self._staged
+    def flush(self, staged: Staged) -> None:
         if staged.rank:
             self._flush_rank(staged)
         if staged.scalars:
@@ -225,12 +229,8 @@ class DuckDBPoints:
             block_tables.recompute(self._engine, {sid: sorted(s) for sid, s in dirty.items()}, last)
             staged.rebuilt.update(dirty)
 
-    def committed(self) -> None:
-        self._head.commit(self._staged)
-        self._staged = Staged()
-
-    def rolled_back(self) -> None:
-        self._staged = Staged()
+    def committed(self, staged: Staged) -> None:
+        self._head.commit(staged)
 
     def _flush_rank(self, staged: Staged) -> None:
         engine = self._engine

@@ -61,6 +61,7 @@ class _Staged:
         self.extents: dict[int, tuple[int, int]] = {}
         self.attributes: list[tuple[int, str | None, str | None, int | None, str, float]] = []
         self.seen: dict[tuple[int, int], tuple[float, float | None]] = {}  # -> (at, finished)
+        self.written_extents: dict[int, tuple[int, int]] = {}  # run -> extent, as written
 
 
 class DuckDBRuns:
@@ -96,9 +97,13 @@ class DuckDBRuns:
                 "SELECT run_seq, rank, last_seen FROM run_ranks"
             ).fetchall()
         }
-        self._staged = _Staged()
-        self._written_extents: dict[int, tuple[int, int]] = {}
         engine.join(self)
+
+    @property
+    def _staged(self) -> _Staged:
+        """This thread's unit's staging (outside a unit: an empty one)."""
+        staged: _Staged = self._engine.staged(self)
+        return staged
 
     # ---- reads ----
 
@@ -301,17 +306,15 @@ class DuckDBRuns:
                 f" FROM {source} WHERE runs.run_seq = ext.seq",
                 [time.time(), *params],
             )
-        self._written_extents.update(changed)
+        self._staged.written_extents.update(changed)
 
-    def begin(self) -> None:
-        self._staged = _Staged()
-        self._written_extents = {}
+    def begin(self) -> _Staged:
+        return _Staged()
 
-    def flush(self) -> None:
+    def flush(self, staged: _Staged) -> None:
         con = self._engine.con
         self._flush_extents()
         self._flush_seen()
-        staged = self._staged
         if staged.series:
             con.executemany(
                 "INSERT INTO series VALUES (?, ?, ?, ?)",
@@ -327,8 +330,7 @@ class DuckDBRuns:
                 ],
             )
 
-    def committed(self) -> None:
-        staged = self._staged
+    def committed(self, staged: _Staged) -> None:
         self._runs.update(staged.runs)
         self._series.update(staged.series)
         self._next_run += len(staged.runs)
@@ -336,13 +338,9 @@ class DuckDBRuns:
         self._next_attr += len(staged.attributes)
         for slot, (at, _) in staged.seen.items():
             self._seen[slot] = max(at, self._seen.get(slot, at))
-        for seq, (size, last) in self._written_extents.items():
+        for seq, (size, last) in staged.written_extents.items():
             old_size, old_last = self._extent.get(seq, (0, -1))
             self._extent[seq] = (max(old_size, size), max(old_last, last))
-        self._staged = _Staged()
-
-    def rolled_back(self) -> None:
-        self._staged = _Staged()
 
 
 def _grows(known: tuple[int, int] | None, extent: tuple[int, int]) -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import psycopg
@@ -19,6 +19,7 @@ from psycopg_pool import ConnectionPool
 
 from .. import safe_url
 from ..records import StorageError
+from ..unit import Participant, Units
 
 _MIGRATION_LOCK = 0x1A57A7E  # pg_advisory_lock key: one migrating process at a time
 
@@ -113,7 +114,7 @@ class PgEngine:
                 f"cannot connect to PostgreSQL at {safe_url(url)}: {reason}"
             ) from None
         self._local = threading.local()
-        self._participants: list[Any] = []
+        self._units = Units(self._transaction)
         self.migrate()
 
     def migrate(self) -> None:
@@ -141,12 +142,12 @@ class PgEngine:
             finally:
                 con.execute("SELECT pg_advisory_unlock(%s)", [_MIGRATION_LOCK])
 
-    def join(self, participant: Any) -> None:
-        self._participants.append(participant)
+    def join(self, participant: Participant) -> None:
+        self._units.join(participant)
 
     @property
     def in_unit(self) -> bool:
-        return getattr(self._local, "con", None) is not None
+        return self._units.in_unit
 
     @contextmanager
     def connection(self) -> Iterator[psycopg.Connection[Any]]:
@@ -158,31 +159,24 @@ class PgEngine:
         with unavailable_is_storage_error(), self.pool.connection() as con:
             yield con
 
-    @contextmanager
-    def unit(self) -> Iterator[None]:
+    def unit(self) -> AbstractContextManager[None]:
         """One transaction for the block (on this thread); a unit in a unit joins it."""
-        if getattr(self._local, "con", None) is not None:
-            yield
-            return
+        return self._units.unit()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
         with unavailable_is_storage_error(), self.pool.connection() as con:
             self._local.con = con
-            staged = self._local.staged = {id(p): p.begin() for p in self._participants}
             try:
                 with con.transaction():
                     yield
-                    for participant in self._participants:
-                        participant.flush(staged[id(participant)])
             finally:
                 self._local.con = None
-                self._local.staged = None
-        for participant in self._participants:  # only a committed unit teaches caches
-            participant.committed(staged[id(participant)])
 
-    def staged(self, participant: Any) -> Any:
+    def staged(self, participant: Participant) -> Any:
         """What ``participant`` staged in this thread's unit (outside one: nothing, so
         reads see committed data only)."""
-        staged = getattr(self._local, "staged", None)
-        return participant.begin() if staged is None else staged[id(participant)]
+        return self._units.staged(participant)
 
     def close(self) -> None:
         self.pool.close()
