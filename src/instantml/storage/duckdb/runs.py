@@ -16,7 +16,6 @@ import orjson
 
 from ..records import (
     SEEN_RESOLUTION,
-    RankActivity,
     RunConflict,
     RunRecord,
     RunRef,
@@ -24,6 +23,8 @@ from ..records import (
     run_record,
     run_values,
 )
+from ..runs_sql import RUN_COLUMNS as _COLUMNS
+from ..runs_sql import SqlRunReads
 from .engine import Engine, first
 
 SCHEMA = """
@@ -44,11 +45,6 @@ CREATE TABLE IF NOT EXISTS run_ranks (
     last_seen DOUBLE NOT NULL, finished_at DOUBLE, PRIMARY KEY (run_seq, rank));
 """
 
-_COLUMNS = (
-    "org_id, run_id, project, name, status, config, tags, metadata, created_at, updated_at,"
-    " world_size, last_step"
-)
-
 
 def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
@@ -64,7 +60,9 @@ class _Staged:
         self.written_extents: dict[int, tuple[int, int]] = {}  # run -> extent, as written
 
 
-class DuckDBRuns:
+class DuckDBRuns(SqlRunReads):
+    ANY_OF = "list_contains(%s, {column})"
+
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
         con = engine.con
@@ -105,51 +103,10 @@ class DuckDBRuns:
         staged: _Staged = self._engine.staged(self)
         return staged
 
-    # ---- reads ----
+    # ---- reads (and runs_sql.py's) ----
 
-    def get_run(self, org_id: int, run_id: str) -> RunRecord | None:
-        cur = self._engine.cursor()
-        rows = cur.execute(
-            f"SELECT {_COLUMNS} FROM runs WHERE org_id = ? AND run_id = ?", [org_id, run_id]
-        ).fetchall()
-        if not rows:
-            return None
-        record = run_record(rows[0])
-        # Config written after creation (the public SDK's log_config) as config attributes.
-        for path, value in cur.execute(
-            "SELECT a.path, a.value FROM attributes a JOIN runs r USING (run_seq)"
-            " WHERE r.org_id = ? AND r.run_id = ? AND a.type = 'config'"
-            " AND starts_with(a.path, 'config/') ORDER BY a.seq",
-            [org_id, run_id],
-        ).fetchall():
-            record.config[path.removeprefix("config/")] = orjson.loads(value)
-        return record
-
-    def list_runs(self, org_id: int, project: str | None, limit: int) -> list[RunRecord]:
-        rows = (
-            self._engine.cursor()
-            .execute(
-                f"SELECT {_COLUMNS} FROM runs WHERE org_id = ? AND (? IS NULL OR project = ?)"
-                " ORDER BY created_at DESC, run_seq DESC LIMIT ?",
-                [org_id, project, project, limit],
-            )
-            .fetchall()
-        )
-        return [run_record(row) for row in rows]
-
-    def rank_activity(self, org_id: int, run_id: str) -> dict[int, RankActivity]:
-        ref = self._runs.get((org_id, run_id))
-        if ref is None:
-            return {}
-        rows = (
-            self._engine.cursor()
-            .execute(
-                "SELECT rank, first_seen, last_seen, finished_at FROM run_ranks WHERE run_seq = ?",
-                [ref.seq],
-            )
-            .fetchall()
-        )
-        return {int(r): RankActivity(float(a), float(b), c) for r, a, b, c in rows}
+    def read(self, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
+        return self._engine.cursor().execute(sql.replace("%s", "?"), params).fetchall()
 
     def series(self, org_id: int, run_id: str) -> list[tuple[int, int, str]] | None:
         ref = self._runs.get((org_id, run_id))
@@ -219,21 +176,6 @@ class DuckDBRuns:
                     ts,
                 )
             )
-
-    def attributes_of(
-        self, org_id: int, run_id: str, kinds: Sequence[str], prefix: str
-    ) -> list[tuple[str, str, int | None, Any]]:
-        rows = (
-            self._engine.cursor()
-            .execute(
-                "SELECT a.type, a.path, a.step, a.value FROM attributes a JOIN runs r USING (run_seq)"
-                " WHERE r.org_id = ? AND r.run_id = ? AND list_contains(?, a.type)"
-                " AND starts_with(a.path, ?) ORDER BY a.seq",
-                [org_id, run_id, list(kinds), prefix],
-            )
-            .fetchall()
-        )
-        return [(kind, path, step, orjson.loads(value)) for kind, path, step, value in rows]
 
     def series_ids(self, run: RunRef, kind: int, keys: Sequence[str]) -> list[int]:
         staged = self._staged.series

@@ -17,7 +17,6 @@ import orjson
 
 from ..records import (
     SEEN_RESOLUTION,
-    RankActivity,
     RunConflict,
     RunRecord,
     RunRef,
@@ -25,12 +24,9 @@ from ..records import (
     run_record,
     run_values,
 )
+from ..runs_sql import RUN_COLUMNS as _COLUMNS
+from ..runs_sql import SqlRunReads
 from .engine import PgEngine, storable
-
-_COLUMNS = (
-    "org_id, run_id, project, name, status, config, tags, metadata, created_at, updated_at,"
-    " world_size, last_step"
-)
 
 
 @dataclass
@@ -46,7 +42,9 @@ class _Staged:
 CACHE_ENTRIES = 200_000
 
 
-class PgRuns:
+class PgRuns(SqlRunReads):
+    ANY_OF = "{column} = ANY(%s)"
+
     def __init__(self, engine: PgEngine) -> None:
         self._engine = engine
         self._runs: dict[tuple[int, str], RunRef] = {}  # committed: never change
@@ -56,38 +54,14 @@ class PgRuns:
         self._seen: dict[tuple[int, int], float] = {}
         engine.join(self)
 
-    # ---- reads ----
+    # ---- reads (and runs_sql.py's) ----
 
-    def get_run(self, org_id: int, run_id: str) -> RunRecord | None:
-        if not storable(run_id):
-            return None
+    def read(self, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
         with self._engine.connection() as con:
-            row = con.execute(
-                f"SELECT {_COLUMNS} FROM runs WHERE org_id = %s AND run_id = %s", [org_id, run_id]
-            ).fetchone()
-            if row is None:
-                return None
-            record = run_record(row)
-            for path, value in con.execute(
-                "SELECT a.path, a.value FROM attributes a JOIN runs r USING (run_seq)"
-                " WHERE r.org_id = %s AND r.run_id = %s AND a.type = 'config'"
-                " AND a.path LIKE 'config/%%' ORDER BY a.seq",
-                [org_id, run_id],
-            ).fetchall():
-                record.config[path.removeprefix("config/")] = orjson.loads(value)
-        return record
+            return con.execute(sql, params).fetchall()
 
-    def list_runs(self, org_id: int, project: str | None, limit: int) -> list[RunRecord]:
-        if not storable(project):
-            return []
-        with self._engine.connection() as con:
-            rows = con.execute(
-                f"SELECT {_COLUMNS} FROM runs WHERE org_id = %s"
-                " AND (%s::TEXT IS NULL OR project = %s)"
-                " ORDER BY created_at DESC, run_seq DESC LIMIT %s",
-                [org_id, project, project, limit],
-            ).fetchall()
-        return [run_record(row) for row in rows]
+    def storable(self, *texts: str | None) -> bool:
+        return storable(*texts)
 
     def series(self, org_id: int, run_id: str) -> list[tuple[int, int, str]] | None:
         if not storable(run_id):
@@ -207,18 +181,6 @@ class PgRuns:
                 rows,
             )
 
-    def attributes_of(
-        self, org_id: int, run_id: str, kinds: Sequence[str], prefix: str
-    ) -> list[tuple[str, str, int | None, Any]]:
-        with self._engine.connection() as con:
-            rows = con.execute(
-                "SELECT a.type, a.path, a.step, a.value FROM attributes a JOIN runs r USING (run_seq)"
-                " WHERE r.org_id = %s AND r.run_id = %s AND a.type = ANY(%s)"
-                " AND starts_with(a.path, %s) ORDER BY a.seq",
-                [org_id, run_id, list(kinds), prefix],
-            ).fetchall()
-        return [(kind, path, step, orjson.loads(value)) for kind, path, step, value in rows]
-
     def series_ids(self, run: RunRef, kind: int, keys: Sequence[str]) -> list[int]:
         staged: _Staged = self._engine.staged(self)
         missing = [
@@ -247,17 +209,6 @@ class PgRuns:
         for seq, (size, last) in extents.items():
             old_size, old_last = staged.extents.get(seq, (0, -1))
             staged.extents[seq] = (max(old_size, size), max(old_last, last))
-
-    def rank_activity(self, org_id: int, run_id: str) -> dict[int, RankActivity]:
-        if not storable(run_id):
-            return {}
-        with self._engine.connection() as con:
-            rows = con.execute(
-                "SELECT k.rank, k.first_seen, k.last_seen, k.finished_at FROM run_ranks k"
-                " JOIN runs r USING (run_seq) WHERE r.org_id = %s AND r.run_id = %s",
-                [org_id, run_id],
-            ).fetchall()
-        return {int(r): RankActivity(float(a), float(b), c) for r, a, b, c in rows}
 
     def saw_ranks(self, ranks: Mapping[int, Iterable[int]], at: float) -> None:
         staged: _Staged = self._engine.staged(self)
