@@ -16,6 +16,11 @@ so a stand-in for a ClickHouse server, slower than one). Medians over trials of:
 Then ingest (1) through PostgreSQL + ClickHouse over HTTP with ``--workers 1`` and
 ``--workers 2``, 4 senders. PostgreSQL is a throwaway cluster (tests/postgres.py). The load
 generator, the servers, PostgreSQL and the endpoint share this machine's cores.
+
+``--before DIR`` (a checkout of an earlier commit) measures PostgreSQL + chdb only, for
+this tree and that one alternated ``--rounds`` times (the servers run from each tree's
+``src``; the stores are loaded by this tree's code, so the trees must share their
+format), and prints each tree's medians and the ratios this / before.
 """
 
 from __future__ import annotations
@@ -56,7 +61,10 @@ def _summary_ms(server: ServerProcess, repeats: int) -> float:
 
 
 def measure(
-    name: str, stores: Callable[[Path], dict[str, str]], args: argparse.Namespace
+    name: str,
+    stores: Callable[[Path], dict[str, str]],
+    args: argparse.Namespace,
+    src: Path | None = None,
 ) -> dict[str, float]:
     med = statistics.median
     with tempfile.TemporaryDirectory() as tmp:
@@ -65,7 +73,8 @@ def measure(
         started = time.perf_counter()
         load_store(data, args.steps, env=env)
         load_s = time.perf_counter() - started
-        with ServerProcess(data, env={"HOME": tmp, **env}) as server:
+        tree = {"PYTHONPATH": str(src)} if src is not None else {}
+        with ServerProcess(data, env={"HOME": tmp, **env, **tree}) as server:
             key = server.admin_key
             api = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {key}"})
             summary = _summary_ms(server, args.repeats)
@@ -109,6 +118,35 @@ def processes(env: dict[str, str], workers: int, args: argparse.Namespace, tmp: 
     return statistics.median(rates) * 3
 
 
+def ab(cluster: Cluster, args: argparse.Namespace) -> int:
+    trees = {"before": args.before.resolve() / "src", "this": Path(__file__).parent.parent / "src"}
+    rows: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
+    for _ in range(args.rounds):
+        for name, src in trees.items():
+            rows[name].append(
+                measure(
+                    f"{name}: PostgreSQL + chdb",
+                    lambda tmp: {
+                        "INSTANTML_METADATA_URL": cluster.new_database(),
+                        "INSTANTML_POINTS_URL": f"chdb://{tmp / 'points'}",
+                    },
+                    args,
+                    src,
+                )
+            )
+    med = {
+        name: {k: statistics.median(r[k] for r in found) for k in found[0]}
+        for name, found in rows.items()
+    }
+    print(f"\nmedians over {args.rounds} alternated rounds (this / before):")
+    for key, unit in (("ingest_points", "points/s"), ("sync_events", "events/s"),
+                      ("singles_64", "POSTs/s"), ("summary_ms", "ms")):  # fmt: skip
+        before, this = med["before"][key], med["this"][key]
+        print(f"  {key:<14} before {before:>10,.1f}  this {this:>10,.1f} {unit:<9}"
+              f" this/before {this / before:.2f}")  # fmt: skip
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=3.0)
@@ -116,9 +154,16 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--steps", type=int, default=10_000)
     parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--before", type=Path, help="an older checkout: A/B on PostgreSQL + chdb")
+    parser.add_argument("--rounds", type=int, default=2, help="A/B rounds (with --before)")
     args = parser.parse_args()
     print(f"cores: {os.cpu_count()}; medians over {args.trials} trials of {args.seconds:g} s")
     cluster = Cluster()
+    if args.before is not None:
+        try:
+            return ab(cluster, args)
+        finally:
+            cluster.stop()
     endpoint = Endpoint(Path(tempfile.mkdtemp()) / "clickhouse")
     try:
         rows = {
