@@ -126,21 +126,20 @@ class DuckDBSummaryTables:
         )
 
     def point_cell_sums(self, series_id: int, lo: int, hi: int, first: int, size: int) -> CellSums:
-        """The points themselves: three narrow columns, one contiguous read."""
+        """Summed per (rank, bucket) in DuckDB: one row per cell comes back, not a row per
+        point."""
         found = self._cur.execute(
-            "SELECT step, rank, value FROM rank_points WHERE series_id = $sid"
-            " AND step BETWEEN $lo AND $hi",
-            {"sid": series_id, "lo": lo, "hi": hi},
+            "SELECT rank, (step - $first) // $size AS b,"
+            " count(*) FILTER (WHERE isfinite(value)) AS n,"
+            " coalesce(sum(value) FILTER (WHERE isfinite(value)), 0) AS total,"
+            " count(*) FILTER (WHERE NOT isfinite(value)) AS marks FROM rank_points"
+            " WHERE series_id = $sid AND step BETWEEN $lo AND $hi GROUP BY rank, b",
+            {"sid": series_id, "lo": lo, "hi": hi, "first": first, "size": size},
         ).fetchnumpy()
-        value = np.asarray(found["value"], dtype=np.float64)
-        finite = np.isfinite(value)
-        sums = {
-            "rank": np.asarray(found["rank"], dtype=np.int64),
-            "n": finite.astype(np.int64),
-            "total": np.where(finite, value, 0.0),
-            "marks": (~finite).astype(np.int64),
-        }
-        return sums, (np.asarray(found["step"], dtype=np.int64) - first) // size
+        return (
+            {name: np.asarray(found[name]) for name in CELL_SUMS},
+            np.asarray(found["b"]).astype(np.int64),
+        )
 
     def cover_rows(self, series_id: int, pieces: covers.Pieces) -> covers.Rows:
         blocked = pieces.blocks()
