@@ -67,7 +67,7 @@ class GroupCommitter:
 
     async def compact(self, series_id: int) -> None:
         """Return once the series' summary aggregates hold every point committed before
-        the call (the writes queued before it are applied first)."""
+        the call (and those of the writes the writer takes with it, applied first)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
         with self._cond:
