@@ -6,7 +6,7 @@ the transaction holding its write has committed: a 2xx means durable.
 
 The same thread is the one scheduler of the stores' background work (an embedded engine
 has one writing connection): compaction of the series a read is waiting for (``compact``:
-a task of its own, never a write), applied right after the writes queued before it, and
+a task of its own, never a write), applied right after the writes taken with it, and
 when idle, or when the backlog grows past a bound under sustained writes, bounded units of
 the rest.
 """
