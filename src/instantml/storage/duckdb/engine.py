@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
@@ -85,6 +85,29 @@ class Engine:
         if cur is None:
             cur = self._local.cur = self.con.cursor()
         return cur
+
+    def read(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        """Rows of a statement written with ``%s`` placeholders (as the SQL shared with
+        PostgreSQL is), on this thread's read cursor: committed data."""
+        return self.cursor().execute(sql.replace("%s", "?"), list(params)).fetchall()
+
+    @contextmanager
+    def statements(self) -> Iterator[Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]]:
+        """A transaction of its own on this thread's cursor (not a unit), yielding how to
+        run a ``%s`` statement in it; rolled back if the block raises."""
+        cur = self.cursor()
+
+        def execute(sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+            result = cur.execute(sql.replace("%s", "?"), list(params))
+            return result.fetchall() if result.description else []
+
+        cur.execute("BEGIN TRANSACTION")
+        try:
+            yield execute
+        except BaseException:
+            cur.execute("ROLLBACK")
+            raise
+        cur.execute("COMMIT")
 
     @property
     def in_unit(self) -> bool:

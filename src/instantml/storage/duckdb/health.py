@@ -4,8 +4,8 @@ path's unit, and touch none of its tables."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 from ..health_sql import Execute, SqlHealth
@@ -42,20 +42,7 @@ class DuckDBHealth(SqlHealth):
         engine.con.execute(SCHEMA)
 
     def read(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
-        return self._engine.cursor().execute(sql.replace("%s", "?"), list(params)).fetchall()
+        return self._engine.read(sql, params)
 
-    @contextmanager
-    def transaction(self) -> Iterator[Execute]:
-        cur = self._engine.cursor()
-
-        def execute(sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
-            result = cur.execute(sql.replace("%s", "?"), list(params))
-            return result.fetchall() if result.description else []
-
-        cur.execute("BEGIN TRANSACTION")
-        try:
-            yield execute
-        except BaseException:
-            cur.execute("ROLLBACK")
-            raise
-        cur.execute("COMMIT")
+    def transaction(self) -> AbstractContextManager[Execute]:
+        return self._engine.statements()

@@ -106,7 +106,7 @@ class DuckDBRuns(SqlRunReads):
     # ---- reads (and runs_sql.py's) ----
 
     def read(self, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
-        return self._engine.cursor().execute(sql.replace("%s", "?"), params).fetchall()
+        return self._engine.read(sql, params)
 
     def series(self, org_id: int, run_id: str) -> list[tuple[int, int, str]] | None:
         ref = self._runs.get((org_id, run_id))

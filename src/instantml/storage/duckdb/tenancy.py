@@ -39,21 +39,9 @@ class DuckDBTenancy(SqlTenancy):
         self._lock = threading.Lock()
 
     def read(self, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
-        return self._engine.cursor().execute(sql.replace("%s", "?"), params).fetchall()
+        return self._engine.read(sql, params)
 
     @contextmanager
     def transaction(self) -> Iterator[Execute]:
-        cur = self._engine.cursor()
-
-        def execute(sql: str, params: Any) -> list[tuple[Any, ...]]:
-            result = cur.execute(sql.replace("%s", "?"), list(params))
-            return result.fetchall() if result.description else []
-
-        with self._lock:
-            cur.execute("BEGIN TRANSACTION")
-            try:
-                yield execute
-            except BaseException:
-                cur.execute("ROLLBACK")
-                raise
-            cur.execute("COMMIT")
+        with self._lock, self._engine.statements() as execute:
+            yield execute
