@@ -108,20 +108,10 @@ class Head:
             raise_rank_last(self.rank_last, frame["series_id"], frame["rank"], frame["step"])
         for sid, new_steps, n, mad in staged.spreads:
             self._remember_spreads(sid, new_steps, n, mad)
-        for sid, steps in staged.refreshed.items():
-            remaining = self.stale.get(sid, set()) - steps
-            if remaining:
-                self.stale[sid] = remaining
-            else:
-                self.stale.pop(sid, None)
+        _forget(self.stale, staged.refreshed)
         for sid, starts in staged.dirty.items():
             self.dirty.setdefault(sid, set()).update(starts)
-        for sid, starts in staged.rebuilt.items():
-            left = self.dirty.get(sid, set()) - starts
-            if left:
-                self.dirty[sid] = left
-            else:
-                self.dirty.pop(sid, None)
+        _forget(self.dirty, staged.rebuilt)
         for sid, tail in staged.tails.items():
             kept = self.tails.pop(sid, None)  # a kept tail moves to the end: the newest
             if kept is not None:
@@ -159,6 +149,16 @@ class Head:
         self.spreads[sid] = (all_steps[order], spreads[order])
         if len(self.spreads) > CACHED_SERIES:
             self.spreads.clear()
+
+
+def _forget(sets: dict[int, set[int]], done: dict[int, set[int]]) -> None:
+    """Take these series' done members out of their sets (a set left empty goes)."""
+    for sid, members in done.items():
+        left = sets.get(sid, set()) - members
+        if left:
+            sets[sid] = left
+        else:
+            sets.pop(sid, None)
 
 
 def raise_rank_last(
