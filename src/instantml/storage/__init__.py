@@ -49,11 +49,13 @@ def _duckdb_engine(url: str, engines: _Engines) -> Any:
 
 
 def _duckdb_metadata(url: str, engines: _Engines) -> Metadata:
-    from .duckdb import DuckDBHealth, DuckDBLedger, DuckDBRuns, DuckDBTenancy
+    from .duckdb import DuckDBHealth, DuckDBLedger, DuckDBTenancy, migrate_metadata
+    from .runs_sql import SqlRuns
 
     engine = _duckdb_engine(url, engines)
+    migrate_metadata(engine)
     return Metadata(
-        DuckDBTenancy(engine), DuckDBRuns(engine), DuckDBLedger(engine), DuckDBHealth(engine),
+        DuckDBTenancy(engine), SqlRuns(engine), DuckDBLedger(engine), DuckDBHealth(engine),
         engine.unit, engine.close,
     )  # fmt: skip
 
@@ -79,10 +81,12 @@ def _extra(name: str, url: str) -> Iterator[None]:
 
 def _postgres_metadata(url: str, engines: _Engines) -> Metadata:
     with _extra("postgres", url):
-        from .postgres import PgEngine, PgHealth, PgLedger, PgRuns, PgTenancy
+        from .postgres import PgEngine, PgHealth, PgLedger, PgTenancy
+    from .runs_sql import SqlRuns
+
     engine = PgEngine(url)
     return Metadata(
-        PgTenancy(engine), PgRuns(engine), PgLedger(engine), PgHealth(engine), engine.unit,
+        PgTenancy(engine), SqlRuns(engine), PgLedger(engine), PgHealth(engine), engine.unit,
         engine.close,
     )  # fmt: skip
 

@@ -1,47 +1,109 @@
-"""The reads of runs that are plain SQL, once for DuckDB and PostgreSQL: a run with the
-config written after its creation, a project's runs, a run's attributes, its ranks'
-activity. Each engine's runs store says how a statement runs; what it keeps in memory
-(the embedded store's id maps, the shared one's caches) stays its own."""
+"""Runs, their series, extents, attributes and ranks' activity, in SQL: one implementation
+over DuckDB and PostgreSQL (the engine says how a statement runs and what text it can
+hold; both take ``%s`` placeholders, lists as arrays, and ids from sequences named as
+PostgreSQL names a serial column's).
+
+Ids come from sequences, and a run's creation and a series' are ``INSERT ... ON
+CONFLICT``, so two writers creating the same one agree on it. What this object remembers
+are facts that never change once committed (a run id's number and project, a series' id,
+a lower bound of a run's extent and of a rank's last sighting): caches, bounded, never
+consulted for what might not exist yet, and taught only by committed units.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import orjson
 
-from .records import RankActivity, RunRecord, run_record
+from .records import (
+    SEEN_RESOLUTION,
+    RankActivity,
+    RunConflict,
+    RunRecord,
+    RunRef,
+    RunSpec,
+    run_record,
+    run_values,
+)
+from .unit import Participant
 
 RUN_COLUMNS = (
     "org_id, run_id, project, name, status, config, tags, metadata, created_at, updated_at,"
     " world_size, last_step"
 )
+# Run refs and series ids never change once committed, so a process may remember them
+# for ever; this bounds how many (a cache starts over when full).
+CACHE_ENTRIES = 200_000
 
 
-class SqlRunReads:
-    """Subclasses say how a statement runs (``read``: committed data), with ``%s``
-    placeholders, and how a value is matched against a list parameter (``ANY_OF``)."""
+class SqlEngine(Protocol):
+    def read(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        """Committed data (outside a unit), or what this thread's unit sees."""
 
-    ANY_OF: str  # "{column} is one of the list %s", with {column} filled in
-
-    def read(self, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
-        raise NotImplementedError
+    def execute(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        """A statement of this thread's unit, on its connection."""
 
     def storable(self, *texts: str | None) -> bool:
         """Whether the engine can hold these texts at all (else no row has them)."""
-        return True
+
+    @property
+    def in_unit(self) -> bool: ...
+
+    def join(self, participant: Participant) -> None: ...
+
+    def staged(self, participant: Participant) -> Any: ...
+
+
+@dataclass
+class _Staged:
+    runs: dict[tuple[int, str], RunRef] = field(default_factory=dict)
+    series: dict[tuple[int, int, str], int] = field(default_factory=dict)
+    extents: dict[int, tuple[int, int]] = field(default_factory=dict)  # run -> (size, last)
+    written_extents: dict[int, tuple[int, int]] = field(default_factory=dict)
+    attributes: list[tuple[int, str | None, str | None, int | None, str, float]] = field(
+        default_factory=list
+    )
+    seen: dict[tuple[int, int], tuple[float, float | None]] = field(default_factory=dict)
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+class SqlRuns:
+    def __init__(self, engine: SqlEngine) -> None:
+        self._engine = engine
+        self._runs: dict[tuple[int, str], RunRef] = {}
+        self._series: dict[tuple[int, int, str], int] = {}
+        # A run's (world size, last step) as stored at least: an extent no larger is not
+        # written again.
+        self._extent: dict[int, tuple[int, int]] = {}
+        # Each (run, rank)'s last_seen as this process last wrote it: rewritten only when
+        # older by SEEN_RESOLUTION (another writer's only make the stored one newer).
+        self._seen: dict[tuple[int, int], float] = {}
+        engine.join(self)
+
+    def _staging(self) -> _Staged:
+        staged: _Staged = self._engine.staged(self)
+        return staged
+
+    # ---- reads ----
 
     def get_run(self, org_id: int, run_id: str) -> RunRecord | None:
-        if not self.storable(run_id):
+        if not self._engine.storable(run_id):
             return None
-        rows = self.read(
+        rows = self._engine.read(
             f"SELECT {RUN_COLUMNS} FROM runs WHERE org_id = %s AND run_id = %s", [org_id, run_id]
         )
         if not rows:
             return None
         record = run_record(rows[0])
         # Config written after creation (the public SDK's log_config) as config attributes.
-        for path, value in self.read(
+        for path, value in self._engine.read(
             "SELECT a.path, a.value FROM attributes a JOIN runs r USING (run_seq)"
             " WHERE r.org_id = %s AND r.run_id = %s AND a.type = 'config'"
             " AND starts_with(a.path, 'config/') ORDER BY a.seq",
@@ -51,9 +113,9 @@ class SqlRunReads:
         return record
 
     def list_runs(self, org_id: int, project: str | None, limit: int) -> list[RunRecord]:
-        if not self.storable(project):
+        if not self._engine.storable(project):
             return []
-        rows = self.read(
+        rows = self._engine.read(
             f"SELECT {RUN_COLUMNS} FROM runs WHERE org_id = %s"
             " AND (CAST(%s AS TEXT) IS NULL OR project = %s)"
             " ORDER BY created_at DESC, run_seq DESC LIMIT %s",
@@ -64,22 +126,235 @@ class SqlRunReads:
     def attributes_of(
         self, org_id: int, run_id: str, kinds: Sequence[str], prefix: str
     ) -> list[tuple[str, str, int | None, Any]]:
-        if not self.storable(run_id, prefix):
+        if not self._engine.storable(run_id, prefix):
             return []
-        rows = self.read(
+        rows = self._engine.read(
             "SELECT a.type, a.path, a.step, a.value FROM attributes a JOIN runs r USING (run_seq)"
-            f" WHERE r.org_id = %s AND r.run_id = %s AND {self.ANY_OF.format(column='a.type')}"
+            " WHERE r.org_id = %s AND r.run_id = %s AND a.type = ANY(%s::TEXT[])"
             " AND starts_with(a.path, %s) ORDER BY a.seq",
             [org_id, run_id, list(kinds), prefix],
         )
         return [(kind, path, step, orjson.loads(value)) for kind, path, step, value in rows]
 
     def rank_activity(self, org_id: int, run_id: str) -> dict[int, RankActivity]:
-        if not self.storable(run_id):
+        if not self._engine.storable(run_id):
             return {}
-        rows = self.read(
+        rows = self._engine.read(
             "SELECT k.rank, k.first_seen, k.last_seen, k.finished_at FROM run_ranks k"
             " JOIN runs r USING (run_seq) WHERE r.org_id = %s AND r.run_id = %s",
             [org_id, run_id],
         )
         return {int(r): RankActivity(float(a), float(b), c) for r, a, b, c in rows}
+
+    def series(self, org_id: int, run_id: str) -> list[tuple[int, int, str]] | None:
+        ref = self._ref(org_id, run_id)
+        if ref is None:
+            return None
+        rows = self._engine.read(
+            "SELECT series_id, kind, key FROM series WHERE run_seq = %s ORDER BY series_id",
+            [ref.seq],
+        )
+        return [(int(sid), int(kind), key) for sid, kind, key in rows]
+
+    def series_id(self, org_id: int, run_id: str, kind: int, key: str) -> int | None:
+        ref = self._ref(org_id, run_id) if self._engine.storable(key) else None
+        if ref is None:
+            return None
+        sid = self._series.get((ref.seq, kind, key))
+        if sid is None:
+            rows = self._engine.read(
+                "SELECT series_id FROM series WHERE run_seq = %s AND kind = %s AND key = %s",
+                [ref.seq, kind, key],
+            )
+            if not rows:
+                return None
+            sid = int(rows[0][0])
+            if not self._engine.in_unit:
+                _remember(self._series, {(ref.seq, kind, key): sid})
+        return sid
+
+    def _ref(self, org_id: int, run_id: str) -> RunRef | None:
+        if not self._engine.storable(run_id):
+            return None
+        ref = self._runs.get((org_id, run_id))
+        if ref is None:
+            rows = self._engine.read(
+                "SELECT run_seq, project FROM runs WHERE org_id = %s AND run_id = %s",
+                [org_id, run_id],
+            )
+            if not rows:
+                return None
+            ref = RunRef(int(rows[0][0]), rows[0][1])
+            if not self._engine.in_unit:  # a unit's own reads may not be committed yet
+                _remember(self._runs, {(org_id, run_id): ref})
+        return ref
+
+    # ---- writes, in a unit ----
+
+    def resolve(self, org_id: int, run_ids: Iterable[str]) -> dict[str, RunRef | None]:
+        staged = self._staging().runs
+        return {rid: staged.get((org_id, rid)) or self._ref(org_id, rid) for rid in run_ids}
+
+    def create(self, spec: RunSpec) -> tuple[RunRecord, bool]:
+        staged = self._staging()
+        rows = self._engine.execute(
+            "INSERT INTO runs (org_id, run_id, project, name, status, config, tags,"
+            " metadata, created_at, updated_at) VALUES (%s, %s, %s, %s, 'running', %s, %s,"
+            " %s, %s, %s) ON CONFLICT (org_id, run_id) DO NOTHING"
+            f" RETURNING run_seq, {RUN_COLUMNS}",
+            run_values(spec, time.time()),
+        )
+        created = bool(rows)
+        if not created:
+            self._flush_extents(staged)  # the record answered shows this unit's extents
+            rows = self._engine.execute(
+                f"SELECT run_seq, {RUN_COLUMNS} FROM runs WHERE org_id = %s AND run_id = %s",
+                [spec.org_id, spec.run_id],
+            )
+        record = run_record(rows[0][1:])
+        if record.project != spec.project:
+            raise RunConflict(spec.run_id, record.project)
+        staged.runs[(spec.org_id, spec.run_id)] = RunRef(int(rows[0][0]), record.project)
+        return record, created
+
+    def set_status(self, run: RunRef, status: str) -> RunRecord:
+        self._flush_extents(self._staging())
+        (row,) = self._engine.execute(
+            f"UPDATE runs SET status = %s, updated_at = %s WHERE run_seq = %s"
+            f" RETURNING {RUN_COLUMNS}",
+            [status, time.time(), run.seq],
+        )
+        return run_record(row)
+
+    def add_attributes(self, run: RunRef, attributes: list[dict[str, Any]], ts: float) -> None:
+        staged = self._staging().attributes
+        for attribute in attributes:
+            step = attribute.get("step")
+            staged.append(
+                (
+                    run.seq,
+                    _text(attribute.get("path")),
+                    _text(attribute.get("type")),
+                    step if type(step) is int else None,
+                    orjson.dumps(attribute.get("value")).decode(),
+                    ts,
+                )
+            )
+
+    def series_ids(self, run: RunRef, kind: int, keys: Sequence[str]) -> list[int]:
+        staged = self._staging().series
+        missing = [
+            k for k in keys if (run.seq, kind, k) not in staged
+            and (run.seq, kind, k) not in self._series
+        ]  # fmt: skip
+        if missing:
+            self._engine.execute(
+                "INSERT INTO series (run_seq, kind, key) SELECT %s, %s, unnest(%s::TEXT[])"
+                " ON CONFLICT (run_seq, kind, key) DO NOTHING",
+                [run.seq, kind, missing],
+            )
+            for sid, key in self._engine.execute(
+                "SELECT series_id, key FROM series WHERE run_seq = %s AND kind = %s"
+                " AND key = ANY(%s::TEXT[])",
+                [run.seq, kind, missing],
+            ):
+                staged[(run.seq, kind, key)] = int(sid)
+        return [staged.get((run.seq, kind, k)) or self._series[(run.seq, kind, k)] for k in keys]
+
+    def extend(self, extents: Mapping[int, tuple[int, int]]) -> None:
+        staged = self._staging().extents
+        for seq, (size, last) in extents.items():
+            old_size, old_last = staged.get(seq, (0, -1))
+            staged[seq] = (max(old_size, size), max(old_last, last))
+
+    def saw_ranks(self, ranks: Mapping[int, Iterable[int]], at: float) -> None:
+        staged = self._staging().seen
+        for seq, members in ranks.items():
+            for rank in members:
+                slot = (seq, rank)
+                if slot in staged or at - self._seen.get(slot, -1e18) >= SEEN_RESOLUTION:
+                    staged[slot] = (at, staged.get(slot, (at, None))[1])
+
+    def finish_rank(self, run: RunRef, rank: int, at: float) -> None:
+        self._staging().seen[(run.seq, rank)] = (at, at)
+
+    # ---- the unit ----
+
+    def _flush_extents(self, staged: _Staged) -> None:
+        changed = {
+            seq: extent
+            for seq, extent in staged.extents.items()
+            if _grows(self._extent.get(seq), extent)
+        }
+        staged.extents.clear()
+        if not changed:
+            return
+        seqs = list(changed)
+        self._engine.execute(
+            "UPDATE runs SET world_size = CASE WHEN e.size > 0"
+            " THEN greatest(coalesce(world_size, 0), e.size) ELSE world_size END,"
+            " last_step = greatest(coalesce(last_step, -1), e.last), updated_at = %s"
+            " FROM (SELECT unnest(%s::BIGINT[]) AS seq, unnest(%s::INTEGER[]) AS size,"
+            " unnest(%s::BIGINT[]) AS last) AS e WHERE runs.run_seq = e.seq",
+            [time.time(), seqs, [changed[q][0] for q in seqs], [changed[q][1] for q in seqs]],
+        )
+        staged.written_extents.update(changed)
+
+    def _flush_seen(self, staged: _Staged) -> None:
+        if not staged.seen:
+            return
+        slots = list(staged.seen)
+        self._engine.execute(
+            "INSERT INTO run_ranks (run_seq, rank, first_seen, last_seen, finished_at)"
+            " SELECT s, k, a, a, f FROM (SELECT unnest(%s::BIGINT[]) AS s,"
+            " unnest(%s::INTEGER[]) AS k, unnest(%s::DOUBLE PRECISION[]) AS a,"
+            " unnest(%s::DOUBLE PRECISION[]) AS f) AS e"
+            " ON CONFLICT (run_seq, rank) DO UPDATE SET"
+            " last_seen = greatest(run_ranks.last_seen, excluded.last_seen),"
+            " finished_at = coalesce(excluded.finished_at, run_ranks.finished_at)",
+            [
+                [q for q, _ in slots],
+                [k for _, k in slots],
+                [staged.seen[s][0] for s in slots],
+                [staged.seen[s][1] for s in slots],
+            ],
+        )
+
+    def _flush_attributes(self, staged: _Staged) -> None:
+        if not staged.attributes:
+            return
+        # One statement, its rows numbered by the sequence in the order logged.
+        self._engine.execute(
+            "INSERT INTO attributes (run_seq, path, type, step, value, ts)"
+            " SELECT unnest(%s::BIGINT[]), unnest(%s::TEXT[]), unnest(%s::TEXT[]),"
+            " unnest(%s::BIGINT[]), unnest(%s::TEXT[]), unnest(%s::DOUBLE PRECISION[])",
+            [list(column) for column in zip(*staged.attributes)],
+        )
+
+    def begin(self) -> _Staged:
+        return _Staged()
+
+    def flush(self, staged: _Staged) -> None:
+        self._flush_extents(staged)
+        self._flush_seen(staged)
+        self._flush_attributes(staged)
+
+    def committed(self, staged: _Staged) -> None:
+        _remember(self._runs, staged.runs)
+        _remember(self._series, staged.series)
+        _remember(self._seen, {slot: at for slot, (at, _) in staged.seen.items()})
+        grown = {}
+        for seq, (size, last) in staged.written_extents.items():
+            old_size, old_last = self._extent.get(seq, (0, -1))
+            grown[seq] = (max(old_size, size), max(old_last, last))
+        _remember(self._extent, grown)
+
+
+def _grows(known: tuple[int, int] | None, extent: tuple[int, int]) -> bool:
+    return known is None or extent[0] > known[0] or extent[1] > known[1]
+
+
+def _remember(cache: dict[Any, Any], entries: Mapping[Any, Any]) -> None:
+    if len(cache) + len(entries) > CACHE_ENTRIES:
+        cache.clear()
+    cache.update(entries)

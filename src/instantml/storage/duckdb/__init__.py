@@ -1,8 +1,9 @@
 """The embedded backend: one DuckDB file (by default) holds every store, so a unit of work
 is one transaction over a write, its Idempotency-Key answer and its usage charge.
 
-Each concern is its own module (``tenancy``, ``runs``, ``ledger``, ``points``, with
-``engine`` beneath them); what each keeps in process memory, and why that is safe only
+Each concern is its own module (``tenancy``, ``ledger``, ``points``, ``health``, with
+``engine`` beneath them, ``schema`` its metadata tables by version; runs are
+``storage/runs_sql.py``, shared with PostgreSQL); what each keeps in process memory, and why that is safe only
 while one process owns the file, is listed in docs/decisions.md.
 """
 
@@ -12,7 +13,7 @@ from .engine import Engine
 from .health import DuckDBHealth
 from .ledger import DuckDBLedger
 from .points import DuckDBPoints
-from .runs import DuckDBRuns
+from .schema import migrate_metadata
 from .tenancy import DuckDBTenancy
 
 
@@ -25,8 +26,8 @@ __all__ = [
     "DuckDBHealth",
     "DuckDBLedger",
     "DuckDBPoints",
-    "DuckDBRuns",
     "DuckDBTenancy",
     "Engine",
     "engine_path",
+    "migrate_metadata",
 ]

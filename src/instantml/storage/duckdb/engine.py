@@ -91,6 +91,16 @@ class Engine:
         PostgreSQL is), on this thread's read cursor: committed data."""
         return self.cursor().execute(sql.replace("%s", "?"), list(params)).fetchall()
 
+    def execute(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        """A ``%s`` statement of this thread's unit, on the writing connection."""
+        assert self.in_unit, "the writing connection is a unit's"
+        result = self.con.execute(sql.replace("%s", "?"), list(params))
+        return result.fetchall() if result.description else []
+
+    def storable(self, *texts: str | None) -> bool:
+        """Whether these texts can be stored (in DuckDB, any text)."""
+        return True
+
     @contextmanager
     def statements(self) -> Iterator[Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]]:
         """A transaction of its own on this thread's cursor (not a unit), yielding how to

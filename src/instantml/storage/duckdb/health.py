@@ -11,21 +11,6 @@ from typing import Any
 from ..health_sql import Execute, SqlHealth
 from .engine import Engine
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS alerts (
-    alert_id VARCHAR PRIMARY KEY, org_id INTEGER NOT NULL, run_id VARCHAR NOT NULL,
-    kind VARCHAR NOT NULL, rank INTEGER NOT NULL, key VARCHAR NOT NULL,
-    since_step BIGINT NOT NULL, since_time DOUBLE NOT NULL, message VARCHAR NOT NULL,
-    opened_at DOUBLE NOT NULL, resolved_at DOUBLE);
-CREATE TABLE IF NOT EXISTS webhooks (
-    webhook_id VARCHAR PRIMARY KEY, org_id INTEGER NOT NULL, url VARCHAR NOT NULL,
-    kinds VARCHAR NOT NULL, secret VARCHAR NOT NULL, created_at DOUBLE NOT NULL);
-CREATE TABLE IF NOT EXISTS deliveries (
-    delivery_id VARCHAR PRIMARY KEY, webhook_id VARCHAR NOT NULL, alert_id VARCHAR NOT NULL,
-    body VARCHAR NOT NULL, attempts INTEGER NOT NULL, next_at DOUBLE NOT NULL,
-    delivered_at DOUBLE, failed_at DOUBLE, last_error VARCHAR);
-"""
-
 
 class DuckDBHealth(SqlHealth):
     # One process owns the file, and only its monitor thread opens alerts: a check
@@ -39,7 +24,6 @@ class DuckDBHealth(SqlHealth):
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
-        engine.con.execute(SCHEMA)
 
     def read(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         return self._engine.read(sql, params)

@@ -22,12 +22,6 @@ from .keyfilter import KeyFilter, hashes
 from .keyranges import KeyRanges, idents
 from .upload_marks import UploadMarks
 
-SCHEMA = """
--- Append-only (one row per unit that charged points; read as a SUM): a plain insert
--- costs a third of an upsert, and every write group pays it.
-CREATE TABLE IF NOT EXISTS usage_log (
-    org_id INTEGER NOT NULL, month VARCHAR NOT NULL, points BIGINT NOT NULL);
-"""
 # Idempotency-Key answers, in partitions: tables of at most PARTITION_KEYS keys each, filled
 # in turn, each known in memory by the ranges of its keys ``<prefix>-<n>`` (keyranges.py:
 # the SDK's and the spool's keys, a few hundred ranges a partition) and a Bloom filter of
@@ -89,7 +83,6 @@ class _Staged:
 class DuckDBLedger:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
-        engine.con.execute(SCHEMA)
         self._partitions = self._find_partitions()
         for number in self._partitions:
             engine.con.execute(SEQ_COLUMNS.format(table=partition_table(number)))

@@ -14,15 +14,6 @@ from ..health_sql import Execute
 from ..tenancy_sql import SqlTenancy
 from .engine import Engine
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS orgs (
-    org_id INTEGER PRIMARY KEY, name VARCHAR UNIQUE NOT NULL,
-    monthly_limit BIGINT, created_at DOUBLE NOT NULL);
-CREATE TABLE IF NOT EXISTS api_keys (
-    key_id VARCHAR PRIMARY KEY, org_id INTEGER NOT NULL, key_hash VARCHAR NOT NULL,
-    scopes VARCHAR NOT NULL, created_at DOUBLE NOT NULL, revoked_at DOUBLE);
-"""
-
 
 class DuckDBTenancy(SqlTenancy):
     INSERT_ORG = (
@@ -35,7 +26,6 @@ class DuckDBTenancy(SqlTenancy):
     def __init__(self, engine: Engine) -> None:
         super().__init__()
         self._engine = engine
-        engine.con.execute(SCHEMA)
         self._lock = threading.Lock()
 
     def read(self, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
