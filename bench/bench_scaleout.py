@@ -18,7 +18,8 @@ Then ingest (1) through PostgreSQL + ClickHouse over HTTP with ``--workers 1`` a
 generator, the servers, PostgreSQL and the endpoint share this machine's cores.
 
 ``--before DIR`` (a checkout of an earlier commit) measures PostgreSQL + chdb only, for
-this tree and that one alternated ``--rounds`` times (the servers run from each tree's
+this tree and that one alternated ``--rounds`` times, each first in every other round (the
+servers run from each tree's
 ``src``; the stores are loaded by this tree's code, so the trees must share their
 format), and prints each tree's medians and the ratios this / before.
 """
@@ -121,8 +122,11 @@ def processes(env: dict[str, str], workers: int, args: argparse.Namespace, tmp: 
 def ab(cluster: Cluster, args: argparse.Namespace) -> int:
     trees = {"before": args.before.resolve() / "src", "this": Path(__file__).parent.parent / "src"}
     rows: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
-    for _ in range(args.rounds):
-        for name, src in trees.items():
+    for round_ in range(args.rounds):
+        # Each tree goes first in every other round: the second of a pair measured lower
+        # (the machine warmer, or busier) often enough to read as a difference of code.
+        order = list(trees.items())
+        for name, src in order if round_ % 2 == 0 else order[::-1]:
             rows[name].append(
                 measure(
                     f"{name}: PostgreSQL + chdb",
