@@ -5,8 +5,7 @@ keeps the first API key one, and a limit changed by another process is seen with
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any
 
 from ..health_sql import Execute
@@ -32,15 +31,7 @@ class PgTenancy(SqlTenancy):
         return storable(text)
 
     def read(self, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
-        with self._engine.connection() as con:
-            return con.execute(sql, params).fetchall()
+        return self._engine.read(sql, params)
 
-    @contextmanager
-    def transaction(self) -> Iterator[Execute]:
-        with self._engine.connection() as con, con.transaction():
-
-            def execute(sql: str, params: Any) -> list[tuple[Any, ...]]:
-                cur = con.execute(sql, list(params))
-                return cur.fetchall() if cur.description else []
-
-            yield execute
+    def transaction(self) -> AbstractContextManager[Execute]:
+        return self._engine.statements()
