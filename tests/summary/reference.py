@@ -197,6 +197,9 @@ def reference(
         if seen == steps[-1]:
             continue
         after = steps[0] if seen is None else min(s for s in steps if s > seen)
+        earlier = [p.step for p in latest.values() if p.rank == r and p.step < lo]
+        if seen is None and step_min is not None and earlier:
+            seen = max(earlier)  # a zoom: a rank gone before the range is last seen there
         missing.append({"rank": r, "last_seen_step": seen, "first_missing_step": after})
 
     heat_size = _bucket_size(steps[0], steps[-1], len(steps), heatmap_steps)
