@@ -5,6 +5,7 @@ the server answers with."""
 from __future__ import annotations
 
 import math
+from functools import partial
 from pathlib import Path
 
 import duckdb
@@ -25,6 +26,7 @@ from instantml.storage.duckdb.summary_tables import DuckDBSummaryTables
 from instantml.storage.protocols import Stores
 from instantml.storage.records import RANK, RANK_COLUMNS, ScalarPoint
 from instantml.summary.assemble import assemble
+from instantml.summary.coverage import seen_before
 from tests.storage.conftest import OpenStores, examples
 from tests.summary.compare import assert_matches
 from tests.summary.reference import Point, reference
@@ -63,10 +65,11 @@ class Writer:
         }
 
     def summary(self, settle: str = "refresh", **params: object) -> dict[str, object]:
-        """The summary as the server answers it, after the aggregates are brought up to
-        date one way: ``refresh`` (every aggregate), ``upkeep`` (background work until
-        the store says a summary need not wait, as the server asks it) or ``drain`` (all
-        the background work)."""
+        """The summary as the server answers it (a zoom's missing ranks last seen before
+        it, as the route says), after the aggregates are brought up to date one way:
+        ``refresh`` (every aggregate), ``upkeep`` (background work until the store says a
+        summary need not wait, as the server asks it) or ``drain`` (all the background
+        work)."""
         points = self.stores.points
         if settle == "refresh":
             with self.stores.unit():
@@ -79,6 +82,8 @@ class Writer:
             assert not points.needs_refresh(self.sid)
         query = SummaryParams(**params)  # type: ignore[arg-type]
         answer = assemble(self.stores.points.summary_rows(self.sid, query), query)
+        last_steps_of = partial(self.stores.points.last_steps_of, self.sid)
+        answer["coverage"]["missing"] = seen_before(answer, query.step_min, last_steps_of)
         return orjson.loads(JSONResponse(answer).body)  # as the server sends it
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Callable
 from typing import Any
 
 
@@ -26,10 +27,20 @@ def missing_ranks(
 
 
 def seen_before(
-    missing: list[dict[str, Any]], first_step: int, last_before: dict[int, int]
+    answer: dict[str, Any],
+    step_min: int | None,
+    last_steps_of: Callable[[list[int], int], dict[int, int]],
 ) -> list[dict[str, Any]]:
-    """In a zoomed range, a missing rank that never reported in it but did before it is
-    "last seen at step X" (``last_before``: ranks' last steps before the range's first)."""
+    """The answer's missing ranks, where in a zoomed range (``step_min`` given) a rank that
+    never reported in it but did before it is "last seen at step X", and missing from the
+    range's first step. ``last_steps_of(ranks, before)``: those ranks' last steps before
+    ``before``, as the point store answers."""
+    missing: list[dict[str, Any]] = answer["coverage"]["missing"]
+    absent = [m["rank"] for m in missing if m["last_seen_step"] is None]
+    if step_min is None or answer["step_range"] is None or not absent:
+        return missing
+    first_step = answer["step_range"][0]
+    last_before = last_steps_of(absent, step_min)
     out = []
     for m in missing:
         if m["last_seen_step"] is None and m["rank"] in last_before:

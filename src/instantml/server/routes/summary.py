@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -93,11 +94,7 @@ def _live_coverage(
     from them within ``lag_seconds``;
     in a zoomed range, a rank that left before it is "last seen" where it was."""
     coverage = answer["coverage"]
-    missing = coverage["missing"]
-    if missing and params.step_min is not None and answer["step_range"] is not None:
-        absent = [m["rank"] for m in missing if m["last_seen_step"] is None]
-        before = found.stores.points.last_steps_of(sid, absent, params.step_min) if absent else {}
-        missing = seen_before(missing, answer["step_range"][0], before)
+    missing = seen_before(answer, params.step_min, partial(found.stores.points.last_steps_of, sid))
     lagging: list[dict[str, Any]] = []
     run = found.stores.runs.get_run(org_id, run_id) if missing else None
     if run is not None and run.status == "running":  # an ended run's coverage is final
