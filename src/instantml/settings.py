@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .health.thresholds import Thresholds
-from .health.thresholds import from_env as health_from_env
+from .thresholds import Thresholds
+from .thresholds import from_env as health_from_env
 
 
 def _int_or_none(raw: str | None, name: str) -> int | None:

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from instantml.health import detectors
 from instantml.health.detectors import KeyWindow
-from instantml.health.thresholds import Thresholds, from_env
 from instantml.storage.records import RankActivity
+from instantml.thresholds import Thresholds, from_env
 
 TH = Thresholds()
 

@@ -12,9 +12,9 @@ import numpy as np
 
 from instantml.health import monitor
 from instantml.health.monitor import HealthMonitor
-from instantml.health.thresholds import Thresholds
 from instantml.storage.protocols import Stores
 from instantml.storage.records import AlertRecord
+from instantml.thresholds import Thresholds
 
 
 class TimedLooks(HealthMonitor):

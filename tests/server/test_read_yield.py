@@ -12,7 +12,6 @@ import numpy as np
 import orjson
 
 from instantml.health.monitor import HealthMonitor
-from instantml.health.thresholds import Thresholds
 from instantml.rankmath.params import SummaryParams
 from instantml.server.answers import Answer
 from instantml.server.commands import CreateRun, Envelope
@@ -22,6 +21,7 @@ from instantml.server.writer import GroupCommitter
 from instantml.storage import Stores, open_stores
 from instantml.storage.querier import drive
 from instantml.summary.assemble import assemble
+from instantml.thresholds import Thresholds
 from tests.storage.test_points import Writer
 from tests.summary.compare import assert_matches
 from tests.summary.reference import Point, reference

@@ -15,7 +15,7 @@ import numpy as np
 from ..rankmath.step_stats import step_stats
 from ..rankmath.stragglers import is_timing_key, scores
 from ..storage.records import SEEN_RESOLUTION, RankActivity
-from .thresholds import Thresholds
+from ..thresholds import Thresholds
 
 KINDS = ("rank_missing", "straggler", "outlier_burst", "non_finite")
 CRITICAL = frozenset({"rank_missing", "non_finite"})  # the others make a run "warning"

@@ -23,9 +23,9 @@ from ..rankmath.stragglers import is_timing_key
 from ..storage.health_sql import new_id
 from ..storage.protocols import Stores
 from ..storage.records import RANK, AlertRecord, RunRecord
+from ..thresholds import Thresholds, check
 from . import detectors
 from .detectors import Finding, KeyWindow
-from .thresholds import Thresholds, check
 
 log = logging.getLogger(__name__)
 

@@ -6,30 +6,12 @@ import os
 import re
 import uuid
 from collections.abc import Mapping
-from pathlib import Path
 
 from .. import validation
+from ..credentials import credentials_file as credentials_file  # where the file is
+from ..credentials import read_credentials
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8765"
-
-
-def credentials_file() -> Path:
-    return Path.home() / ".instantml" / "credentials"
-
-
-def read_credentials(path: Path | None = None) -> dict[str, str]:
-    """``key = "value"`` lines (the public SDK's TOML file); {} when absent or unreadable."""
-    path = path or credentials_file()
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError:
-        return {}
-    values: dict[str, str] = {}
-    for line in text.splitlines():
-        match = re.match(r'^\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"([^"]*)"\s*$', line)
-        if match:
-            values[match.group(1)] = match.group(2)
-    return values
 
 
 def resolve_api_key(api_key: str | None, environ: Mapping[str, str] = os.environ) -> str | None:

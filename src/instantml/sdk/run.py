@@ -15,7 +15,7 @@ from urllib.parse import quote
 import httpx
 
 from .. import validation
-from ..health.thresholds import check
+from ..thresholds import check
 from . import config as sdk_config
 from . import lifecycle
 from .async_sender import AsyncSender

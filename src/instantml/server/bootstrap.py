@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import ipaddress
-import os
-from pathlib import Path
 
-from ..sdk.config import read_credentials
+from ..credentials import credentials_file, read_credentials, write_credentials, write_private
 from ..settings import ServerSettings
 from ..storage.protocols import Tenancy
 from .auth import ALL_SCOPES, new_api_key
@@ -23,18 +21,6 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _write_private(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-    path.chmod(0o600)
-
-
-def credentials_path() -> Path:
-    return Path.home() / ".instantml" / "credentials"
-
-
 def bootstrap(settings: ServerSettings, tenancy: Tenancy) -> str | None:
     """Create the admin key when the store has no key at all; return it (else None)."""
     if tenancy.count_api_keys() > 0:
@@ -43,7 +29,7 @@ def bootstrap(settings: ServerSettings, tenancy: Tenancy) -> str | None:
     key, key_id, key_hash = new_api_key()
     if not tenancy.add_first_api_key(org_id, key_id, key_hash, ALL_SCOPES):
         return None  # another server process started on the same store first
-    _write_private(settings.data_dir / "admin-key", key + "\n")
+    write_private(settings.data_dir / "admin-key", key + "\n")
     return key
 
 
@@ -52,7 +38,7 @@ def local_credentials(settings: ServerSettings, key: str | None, created: bool) 
     start, loopback, no credentials file yet), and say exactly what was done: written, or
     an existing file kept (with what to use instead when it is for another key or address).
     The file has the public SDK's format, so either SDK finds the server."""
-    path = credentials_path()
+    path = credentials_file()
     url = base_url(settings)
     if key is None:
         return []
@@ -80,7 +66,7 @@ def local_credentials(settings: ServerSettings, key: str | None, created: bool) 
         why = None
     if why is not None:
         return [f"No local SDK credentials file ({why}); use this server with:", *exports]
-    _write_private(path, f'api_key = "{key}"\napi_host = "{url}"\n')
+    write_credentials(path, key, url)
     return [f"Wrote the local SDK credentials (this server and its admin key) to {path}"]
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from .. import validation
-from ..health.thresholds import check
+from ..thresholds import check
 from . import unsupported
 from .commands import (
     CreateRun,

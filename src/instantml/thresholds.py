@@ -1,6 +1,7 @@
-"""The run-health detectors' thresholds (DESIGN.md, "Run health"): the defaults, the
-server's (``INSTANTML_HEALTH``, JSON) and a run's own (``init(..., health={...})``, stored
-as ``health/<name>`` run attributes), each layer overriding the one before."""
+"""The run-health detectors' thresholds, shared by the SDK (which checks a run's own at
+``init``) and the server: the defaults, the server's (``INSTANTML_HEALTH``, JSON) and a
+run's own (``init(..., health={...})``, stored as ``health/<name>`` run attributes), each
+layer overriding the one before."""
 
 from __future__ import annotations
 
