@@ -7,6 +7,7 @@ from typing import Any
 import httpx
 
 from ..sdk import config
+from ..sdk.http import json_body, open_client
 
 ENV_HELP = (
     "The server and key: INSTANTML_API_BASE_URL (default: ~/.instantml/credentials, else"
@@ -31,9 +32,8 @@ def call(method: str, path: str, timeout: float = 60.0, **kwargs: Any) -> dict[s
     """One request to the server; its JSON object, or CliError saying what went wrong."""
     url = base_url()
     key = config.resolve_api_key(None)
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
-        with httpx.Client(base_url=url, headers=headers, timeout=timeout) as client:
+        with open_client(url, key, timeout) as client:
             response = client.request(method, path, **kwargs)
     except httpx.InvalidURL as exc:
         raise CliError(f"INSTANTML_API_BASE_URL {url!r} is not a URL: {exc}") from None
@@ -43,10 +43,7 @@ def call(method: str, path: str, timeout: float = 60.0, **kwargs: Any) -> dict[s
             f"cannot reach the server at {url} ({cause}); is it running, and is"
             " INSTANTML_API_BASE_URL right?"
         ) from None
-    try:
-        body = response.json()
-    except ValueError:
-        body = None
+    body = json_body(response)
     if not isinstance(body, dict) or (response.status_code >= 300 and "error" not in body):
         kind = response.headers.get("content-type", "no content type").split(";")[0]
         raise CliError(

@@ -15,20 +15,17 @@ so ``close`` returns True exactly when everything arrived.
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 import warnings
 from collections import deque
 from typing import Any
 
-import httpx
-
-from ..protocol import is_final, is_monthly_limit
+from .ingest import IngestSender
+from .records import CreateRun, Request
+from .retry import Backoff, Verdict, of_event
 from .sinks import EventIds
 from .transport import Transport
-
-_Event = tuple[str, str, str, dict[str, Any]]
 
 
 class AsyncSender:
@@ -40,8 +37,9 @@ class AsyncSender:
         flush_interval: float = 0.5,
     ) -> None:
         self._transport = transport
+        self._sender = IngestSender(transport.client)
         self._ids = EventIds()
-        self._queue: deque[_Event] = deque()
+        self._queue: deque[Request] = deque()
         self._max_queue = max_queue
         self._batch_size = batch_size
         self._interval = flush_interval
@@ -69,8 +67,14 @@ class AsyncSender:
     # ---- the training thread ----
 
     def submit(self, method: str, path: str, body: dict[str, Any]) -> None:
+        self._put(Request(self._ids(), method, path, body))
+
+    def create_run(self, body: dict[str, Any]) -> None:
+        self._put(CreateRun(self._ids(), body))
+
+    def _put(self, record: Request) -> None:
         if self._notice is not None:
-            self._warn_notice()
+            self._warn_notice(stacklevel=5)
         self._offered += 1
         if self._stopped or len(self._queue) >= self._max_queue:
             self._lose(1)
@@ -81,24 +85,23 @@ class AsyncSender:
                     f"instantml: dropping metric events ({why}; server {self._url});"
                     " counted in run.dropped_events",
                     RuntimeWarning,
-                    stacklevel=4,
+                    stacklevel=5,
                 )
             return
         self._submitted += 1
-        event = (self._ids(), method, path, body)
-        self._queue.append(event)
+        self._queue.append(record)
         # A run's creation leaves at once: its answer decides whether anything else may.
-        if len(self._queue) >= self._batch_size or _creates_run(event):
+        if len(self._queue) >= self._batch_size or record.creates_run:
             self._wake.set()
 
     @property
     def _url(self) -> str:
         return self._transport.base_url
 
-    def _warn_notice(self) -> None:
+    def _warn_notice(self, stacklevel: int = 4) -> None:
         notice, self._notice = self._notice, None
         if notice:
-            warnings.warn(f"instantml: {notice}", RuntimeWarning, stacklevel=4)
+            warnings.warn(f"instantml: {notice}", RuntimeWarning, stacklevel=stacklevel)
 
     def flush(self, timeout: float) -> bool:
         target = self._submitted
@@ -164,75 +167,62 @@ class AsyncSender:
                 self._settled += len(batch)
                 self._settled_cond.notify_all()
 
-    def _next_batch(self) -> list[_Event]:
-        """Up to ``batch_size`` events; a run's creation goes alone. A batch is sent until
-        each event has its final answer, so nothing after the creation leaves before it was
+    def _next_batch(self) -> list[Request]:
+        """Up to ``batch_size`` records; a run's creation goes alone. A batch is sent until
+        each record has its final answer, so nothing after the creation leaves before it was
         accepted: were it refused, what followed would land in a run not this process's."""
         queue = self._queue
         batch = [queue.popleft()]
-        if _creates_run(batch[0]):
+        if batch[0].creates_run:
             return batch
-        while queue and len(batch) < self._batch_size and not _creates_run(queue[0]):
+        while queue and len(batch) < self._batch_size and not queue[0].creates_run:
             batch.append(queue.popleft())
         return batch
 
-    def _deliver(self, batch: list[_Event]) -> None:
-        """Send until every event has a final answer (or uploads stop, or finish gives up)."""
-        delay = 0.1
+    def _deliver(self, batch: list[Request]) -> None:
+        """Send until every record has a final answer (or uploads stop, or finish gives up)."""
+        backoff = Backoff(first=0.1, most=5.0)
+        lines = [record.encode() for record in batch]  # a retry sends the same bytes
         while batch:
             if self._stopped:
                 self._lose(len(batch))
                 return
-            payload = {
-                "events": [
-                    {"event_id": eid, "request": {"method": m, "path": p, "body": b}}
-                    for eid, m, p, b in batch
-                ]
-            }
-            try:
-                response = self._transport.send("POST", "/api/ingest", payload)
-            except httpx.HTTPError as exc:
-                self._cause = f"server unreachable at {self._url} ({type(exc).__name__}: {exc})"
-                retry = batch
-            else:
-                retry = self._settle(batch, response)
-            if not retry:
+            answer = self._sender.post(lines)
+            if answer.verdict is Verdict.STOP:
+                self._stop(answer.cause)
+                self._lose(len(batch))
                 return
-            if self._stopping and delay > 2.0:
+            if answer.verdict is Verdict.REFUSED:  # the batch itself (too large?): for good
+                self._lose(len(batch), f"server refused a batch: {answer.cause}")
+                self._notice = self._cause
+                return
+            if answer.verdict is Verdict.RETRY:
+                self._cause = answer.cause
+            else:
+                keep = self._settle(batch, answer.results or [])
+                batch, lines = [batch[i] for i in keep], [lines[i] for i in keep]
+                if not batch:
+                    return
+            if self._stopping and backoff.delay > 2.0:
                 return  # finish() gave up waiting; close() counted these as lost
-            batch = retry
-            time.sleep(delay * (0.5 + random.random()))
-            delay = min(delay * 2, 5.0)
+            time.sleep(backoff.next())
 
-    def _settle(self, batch: list[_Event], response: httpx.Response) -> list[_Event]:
-        """Count each event's answer; the events to send again."""
-        status = response.status_code
-        body = _json(response)
-        scope = response.headers.get("x-instantml-ratelimit-scope")
-        if status in (401, 403) or is_monthly_limit(status, body, scope):
-            self._stop(f"server {self._url} answered {status}: {_error(response, body)}")
-            self._lose(len(batch))
-            return []
-        if not is_final(status, body):
-            self._cause = f"server {self._url} answered {status}: {_error(response, body)}"
-            return batch
-        if status >= 300:  # the batch itself refused (too large?): nothing to retry safely
-            self._lose(len(batch), f"server refused a batch: {status}: {_error(response, body)}")
-            self._notice = self._cause
-            return []
-        retry: list[_Event] = []
+    def _settle(self, batch: list[Request], results: list[dict[str, Any]]) -> list[int]:
+        """Count each record's answer; the indexes of those to send again."""
+        retry: list[int] = []
         delivered = 0
-        for event, result in zip(batch, body["results"]):
+        for i, (record, result) in enumerate(zip(batch, results)):
             code, answer = result["status"], result.get("body") or {}
-            if 200 <= code < 300:
+            verdict = of_event(code, answer)
+            if verdict is Verdict.DONE:
                 delivered += 1
-            elif is_monthly_limit(code, answer):
+            elif verdict is Verdict.STOP:
                 self._stop(str(answer.get("error")))
                 self._lose(len(batch) - delivered - len(retry))
                 break
-            elif not is_final(code, answer):
-                retry.append(event)
-            elif _creates_run(event):  # refused for good: nothing of this run may follow
+            elif verdict is Verdict.RETRY:
+                retry.append(i)
+            elif record.creates_run:  # refused for good: nothing of this run may follow
                 self._stop(
                     f"server {self._url} did not create the run ({code}:"
                     f" {answer.get('error')}); nothing of this run is sent"
@@ -246,20 +236,3 @@ class AsyncSender:
             if not self._closed:
                 self.delivered += delivered
         return retry
-
-
-def _creates_run(event: _Event) -> bool:
-    return event[2] == "/runs" and event[1] == "POST"
-
-
-def _json(response: httpx.Response) -> Any:
-    try:
-        return response.json()
-    except ValueError:
-        return None
-
-
-def _error(response: httpx.Response, body: Any) -> str:
-    if isinstance(body, dict) and "error" in body:
-        return str(body["error"])
-    return response.text[:200]

@@ -353,7 +353,7 @@ def init(
         sink = AsyncSender(Transport(url, key, timeout, transport))
     # Run creation is an ordinary event: in async mode init never waits on the server.
     try:
-        sink.submit("POST", "/runs", body)
+        sink.create_run(body)
         if thresholds:
             attributes_path = f"/api/runs/{quote(resolved_id)}/attributes"
             sink.submit("POST", attributes_path, {"attributes": thresholds})

@@ -2,7 +2,7 @@
 
 ``sync`` sends each request at the call; ``async`` (:mod:`.async_sender`) queues it for a
 background thread; ``spool`` writes it to local files for a separate uploader. The run
-only ever calls ``submit``, ``flush`` and ``close``.
+only ever calls ``create_run`` (once, first), ``submit``, ``flush`` and ``close``.
 """
 
 from __future__ import annotations
@@ -11,10 +11,16 @@ import itertools
 import uuid
 from typing import Any, Protocol
 
+from .records import CREATE_RUN
 from .transport import Transport
 
 
 class Sink(Protocol):
+    def create_run(self, body: dict[str, Any]) -> None:
+        """The run's creation: the first record, whose answer decides whether anything
+        else of the run may be sent."""
+        ...
+
     def submit(self, method: str, path: str, body: dict[str, Any]) -> None: ...
 
     def flush(self, timeout: float) -> bool:
@@ -41,6 +47,9 @@ class SyncSink:
     def __init__(self, transport: Transport) -> None:
         self._transport = transport
         self._ids = EventIds()
+
+    def create_run(self, body: dict[str, Any]) -> None:
+        self.submit(*CREATE_RUN, body)
 
     def submit(self, method: str, path: str, body: dict[str, Any]) -> None:
         self._transport.request(method, path, body, idempotency_key=self._ids())

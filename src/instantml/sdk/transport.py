@@ -1,4 +1,5 @@
-"""HTTP to the server: one keep-alive connection, retries that are safe by Idempotency-Key."""
+"""HTTP to the server for sync calls: one keep-alive connection, retries that are safe by
+Idempotency-Key."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from typing import Any
 import httpx
 import orjson
 
-from .. import _version
-from ..protocol import is_final, is_monthly_limit
 from .errors import InstantMLError
+from .http import error_of, json_body, open_client
+from .retry import Backoff, Verdict, of_request
 
 
 class Transport:
@@ -24,23 +25,24 @@ class Transport:
         timeout: float = 10.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        headers = {
-            "Content-Type": "application/json",
-            "User-Agent": f"instantml-python/{_version.__version__}",
-        }
-        if api_key:
-            headers["Authorization"] = f"Bearer {api_key}"
         self.base_url = base_url
-        self._client = httpx.Client(
-            base_url=base_url, headers=headers, timeout=timeout, transport=transport
-        )
+        self._client = open_client(base_url, api_key, timeout, transport)
+
+    @property
+    def client(self) -> httpx.Client:
+        return self._client
 
     def send(
         self, method: str, path: str, body: Any, idempotency_key: str | None = None
     ) -> httpx.Response:
         """One attempt; transport failures raise ``httpx.HTTPError``."""
+        return self.send_bytes(method, path, orjson.dumps(body), idempotency_key)
+
+    def send_bytes(
+        self, method: str, path: str, content: bytes, idempotency_key: str | None = None
+    ) -> httpx.Response:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
-        return self._client.request(method, path, content=orjson.dumps(body), headers=headers)
+        return self._client.request(method, path, content=content, headers=headers)
 
     def request(
         self,
@@ -52,11 +54,12 @@ class Transport:
     ) -> dict[str, Any]:
         """Send, retrying network errors and transient answers (an Idempotency-Key in flight,
         a per-second 429, 5xx); raise InstantMLError otherwise, naming the address."""
-        delay = 0.2
+        backoff = Backoff(first=0.2, most=30.0)
+        content = orjson.dumps(body)  # a retry sends the same bytes
         for attempt in range(attempts):
-            wait = delay
+            retry_after = None
             try:
-                response = self.send(method, path, body, idempotency_key)
+                response = self.send_bytes(method, path, content, idempotency_key)
             except httpx.HTTPError as exc:
                 error: str = f"{method} {path}: cannot reach {self.base_url} ({exc})"
                 retry = True
@@ -64,41 +67,19 @@ class Transport:
                 status = response.status_code
                 if status < 300:
                     return response.json()
-                answer = _body(response)  # the request's body is sent again as it was
-                error = f"{method} {self.base_url}{path}: {status} {_message(response, answer)}"
+                answer = json_body(response)
+                error = f"{method} {self.base_url}{path}: {status} {error_of(response, answer)}"
                 scope = response.headers.get("x-instantml-ratelimit-scope")
-                retry = not is_final(status, answer) and not is_monthly_limit(status, answer, scope)
-                wait = max(delay, _retry_after(response))
+                retry = of_request(status, answer, scope) is Verdict.RETRY
+                retry_after = response.headers.get("retry-after")
             if (
                 not retry
                 or attempt == attempts - 1
                 or (idempotency_key is None and method != "GET")
             ):
                 raise InstantMLError(error)
-            time.sleep(wait)
-            delay *= 2
+            time.sleep(backoff.next(retry_after))
         raise InstantMLError(f"{method} {path}: gave up")  # unreachable
 
     def close(self) -> None:
         self._client.close()
-
-
-def _retry_after(response: httpx.Response, most: float = 30.0) -> float:
-    """The seconds a ``Retry-After`` header asks for (0 when none), at most ``most``."""
-    try:
-        return min(most, max(0.0, float(response.headers.get("retry-after", 0))))
-    except ValueError:
-        return 0.0
-
-
-def _body(response: httpx.Response) -> Any:
-    try:
-        return response.json()
-    except ValueError:
-        return None
-
-
-def _message(response: httpx.Response, body: Any = None) -> str:
-    if isinstance(body, dict) and isinstance(body.get("error"), str):
-        return str(body["error"])
-    return response.text[:200]

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import orjson
-
 from . import segments
 
 
@@ -84,15 +82,3 @@ def ack_runs(items: list[Item], runs: list[int], answered: int) -> None:
         cursor, _, end = items[min(stop, answered) - 1]
         cursor.ack(end)
         start = stop
-
-
-def creates_run(line: bytes) -> bool:
-    """Whether a spooled line is a run's creation (``POST /runs``: the first line ``init``
-    writes to a segment)."""
-    if b'"/runs"' not in line:  # most lines: no parse
-        return False
-    try:
-        request = orjson.loads(line).get("request") or {}
-    except (orjson.JSONDecodeError, AttributeError):
-        return False
-    return request.get("method") == "POST" and request.get("path") == "/runs"

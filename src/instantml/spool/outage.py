@@ -1,14 +1,13 @@
 """An uploader's outages: said once per change, waited out with backoff, bounded in time.
 
 The server is unreachable or failing: :meth:`Outage.failing` says so when what it looks
-like changes (not at every try), and gives up (``GaveUp``) once it has lasted
+like changes (not at every try; the waits are the SDK's one retry policy's), and gives up (``GaveUp``) once it has lasted
 ``retry_for`` seconds, unless ``keep_going()`` says the uploader is still needed (a writer
 of the spool is still running). Waits end at once on a stop (``Interrupted``).
 """
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 from collections.abc import Callable
@@ -39,7 +38,7 @@ class Outage:
         self._retry_for = retry_for
         self._notify = notify
         self._stop = stop
-        self._max_backoff = max_backoff
+        self.max_backoff = max_backoff
         self._since: float | None = None  # monotonic time the current outage began
         self._what: str | None = None  # what it looks like (said when it changes)
         self.errors: list[str] = []  # the last few, for the record
@@ -64,14 +63,7 @@ class Outage:
             self._notify(f"server {self._url} answering again after {lasted:.0f} s; resuming")
             self._since = self._what = None
 
-    def backoff(self, delay: float, retry_after: str | None = None) -> float:
-        """Wait ``delay`` (jittered; at least a Retry-After), up to the cap; the next delay."""
-        wait = delay * (0.5 + random.random())
-        if retry_after:
-            try:
-                wait = max(wait, float(retry_after))
-            except ValueError:
-                pass
-        if self._stop.wait(min(wait, self._max_backoff)):
+    def wait(self, seconds: float) -> None:
+        """Wait before sending again; a stop ends the wait at once (``Interrupted``)."""
+        if self._stop.wait(seconds):
             raise Interrupted
-        return min(delay * 2, self._max_backoff)

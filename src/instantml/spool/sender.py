@@ -1,6 +1,8 @@
 """Sending spooled lines to the server and settling their answers: each event to a final
 answer (applied, replayed, or refused for good, which sends it to the dead-letter file),
-what is transient retried with backoff through the uploader's :class:`Outage`.
+what is transient retried with backoff through the uploader's :class:`Outage`. The lines go
+through the SDK's one sender core (:class:`~instantml.sdk.ingest.IngestSender`) and are
+judged by its one retry policy.
 
 Every request runs on a daemon thread that is waited on in 0.1 s slices, so a stop ends
 the wait at once, whatever the network is doing; a request stuck on a dead peer never
@@ -21,7 +23,8 @@ from typing import Any, TypeVar
 import httpx
 import orjson
 
-from ..protocol import UPLOAD_ORDER_HEADER, is_final, is_monthly_limit
+from ..sdk.ingest import Answer, IngestSender
+from ..sdk.retry import Backoff, Verdict, of_event
 from .cursor import Item
 from .outage import Interrupted, Outage, UploadStopped
 
@@ -65,8 +68,8 @@ class Sender:
         stats: Stats,
     ) -> None:
         self.spool_dir = spool_dir
-        self.base_url = str(client.base_url).rstrip("/")
-        self._client = client
+        self._sender = IngestSender(client)
+        self.base_url = self._sender.base_url
         self._outage = outage
         self._stop = stop
         self.stats = stats
@@ -80,35 +83,18 @@ class Sender:
                 if self._stop.is_set():
                     raise Interrupted from None
 
-    def post(
-        self, items: list[Item], position: str | None = None
-    ) -> httpx.Response | httpx.HTTPError:
-        try:
-            return self._client.post(
-                "/api/ingest",
-                content=b'{"events":[' + b",".join([line for _, line, _ in items]) + b"]}",
-                headers={UPLOAD_ORDER_HEADER: position} if position else None,
-            )
-        except httpx.HTTPError as exc:
-            return exc
+    def post(self, items: list[Item], position: str | None = None) -> Answer:
+        return self._sender.post([line for _, line, _ in items], position)
 
-    def settle(self, items: list[Item], response: httpx.Response | httpx.HTTPError) -> int:
+    def settle(self, items: list[Item], answer: Answer) -> int:
         """Count the answers of a pipelined batch; how many leading events have a final one
         (the rest go again). Raises UploadStopped when the server will take no more."""
-        if isinstance(response, httpx.HTTPError) or response.status_code != 200:
+        if answer.verdict is not Verdict.DONE:
             return 0  # send() retries it, and reports the outage
-        answered = self._answers(items, orjson.loads(response.content)["results"])
+        answered = self._answers(items, answer.results or [])
         if answered == len(items):
             self._outage.recovered()
         return answered
-
-    def _stop_if_refused(self, response: httpx.Response) -> None:
-        status = response.status_code
-        scope = response.headers.get("x-instantml-ratelimit-scope")
-        if status in (401, 403) or is_monthly_limit(status, None, scope):
-            raise UploadStopped(
-                f"server {self.base_url} refused the upload ({status}): {_error(response)}"
-            )
 
     def _answers(
         self,
@@ -131,15 +117,16 @@ class Sender:
         for item, result in zip(items, results, strict=True):
             code = result["status"]
             body = result.get("body") or {}
-            if is_monthly_limit(code, body):
+            verdict = of_event(code, body)
+            if verdict is Verdict.STOP:
                 raise UploadStopped(f"server refused the upload (429): {body.get('error')}")
-            if not is_final(code, body):
+            if verdict is Verdict.RETRY:
                 if code >= 500 or code == 429:  # not a key in flight: the server is failing
                     self._outage.failing(
                         f"server {self.base_url} answered {code}: {body.get('error')}"
                     )
                 break  # this and every later event go again, in order
-            if code >= 300:
+            if verdict is Verdict.REFUSED:
                 stats.dead_lettered += 1
                 self.dead_letter(item[0].path, item[1], code, str(body.get("error")))
                 if refusals is not None:
@@ -166,40 +153,38 @@ class Sender:
         checked = False
         cap = len(events)
         sent = 0
-        delay = 0.1
+        backoff = Backoff(first=0.1, most=self._outage.max_backoff)
         while sent < len(events):
             if self._stop.is_set():
                 raise Interrupted
             batch = events[sent : sent + cap]
-            response = self.wait(spawn(partial(self.post, batch)))
-            if isinstance(response, httpx.HTTPError):
-                cause = f"{type(response).__name__}: {response}".rstrip(": ")
-                self._outage.failing(f"server unreachable at {self.base_url}: {cause}", delay)
-                delay = self._outage.backoff(delay)
-                continue
-            self._stop_if_refused(response)
-            status = response.status_code
-            if status == 413 and cap > 1:
+            answer = self.wait(spawn(partial(self.post, batch)))
+            if answer.verdict is Verdict.STOP:
+                raise UploadStopped(
+                    f"server {self.base_url} refused the upload ({answer.status}): {answer.error}"
+                )
+            if answer.status == 413 and cap > 1:
                 cap = max(1, cap // 2)
                 continue
-            if status == 400 and not checked:
+            if answer.status == 400 and not checked:
                 checked = True
                 events = events[:sent] + self._events_only(events[sent:])
                 cap = max(1, len(events) - sent)
                 continue
-            if not is_final(status, _json(response)):
-                self._outage.failing(
-                    f"server {self.base_url} answered {status}: {_error(response)}", delay
-                )
-                delay = self._outage.backoff(delay, response.headers.get("retry-after"))
+            if answer.verdict is Verdict.RETRY:
+                wait = backoff.next(answer.retry_after)
+                self._outage.failing(answer.cause, wait)
+                self._outage.wait(wait)
                 continue
-            if status != 200:
-                raise UploadStopped(f"server refused a batch ({status}): {_error(response)}")
-            final = self._answers(batch, orjson.loads(response.content)["results"], refusals)
+            if answer.verdict is Verdict.REFUSED:
+                raise UploadStopped(f"server refused a batch ({answer.status}): {answer.error}")
+            final = self._answers(batch, answer.results or [], refusals)
+            sent += final
             if final == len(batch):
                 self._outage.recovered()
-            sent += final
-            delay = 0.1 if final == len(batch) else self._outage.backoff(delay)
+                backoff.reset()
+            else:
+                self._outage.wait(backoff.next())
 
     def _events_only(self, items: list[Item]) -> list[Item]:
         """The items whose line is an event; the others go to the dead-letter file."""
@@ -230,17 +215,3 @@ class Sender:
             record["line"] = line.decode("utf-8", "replace")
         with (self.spool_dir / DEAD_LETTER).open("ab") as handle:
             handle.write(orjson.dumps(record) + b"\n")
-
-
-def _json(response: httpx.Response) -> Any:
-    try:
-        return response.json()
-    except ValueError:
-        return None
-
-
-def _error(response: httpx.Response) -> str:
-    body = _json(response)
-    if isinstance(body, dict) and "error" in body:
-        return str(body["error"])
-    return response.text[:200]

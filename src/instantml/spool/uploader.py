@@ -27,8 +27,11 @@ from typing import Any, TypeVar
 
 import httpx
 
+from ..sdk.http import open_client
+from ..sdk.ingest import Answer
+from ..sdk.records import from_line
 from . import segments
-from .cursor import Cursor, Item, ack_items, ack_runs, creates_run
+from .cursor import Cursor, Item, ack_items, ack_runs
 from .outage import GaveUp, Interrupted, Outage, UploadStopped
 from .sender import DEAD_LETTER, Refusals, Sender, Stats, spawn
 
@@ -61,14 +64,9 @@ class Uploader:
     ) -> None:
         self.spool_dir = Path(spool_dir)
         self.base_url = base_url
-        headers = {"Content-Type": "application/json"}
-        if api_key:
-            headers["Authorization"] = f"Bearer {api_key}"
-        self._client = httpx.Client(
-            base_url=base_url,
-            headers=headers,
-            timeout=httpx.Timeout(timeout, connect=10.0),
-            transport=transport,  # tests: a fault-injecting or in-process transport
+        # transport: tests' fault-injecting or in-process transport
+        self._client = open_client(
+            base_url, api_key, httpx.Timeout(timeout, connect=10.0), transport
         )
         self._batch_events = batch_events
         self._batch_bytes = batch_bytes
@@ -208,7 +206,8 @@ class Uploader:
         self._sender.send(firsts, refusals)
         ack_items(firsts)
         for (cursor, line, _), status, body in refusals:
-            if creates_run(line):
+            record = from_line(line)
+            if record is not None and record.creates_run:
                 self._set_aside(cursor, status, body)
         return [cursor for cursor in ready if not cursor.missing]
 
@@ -235,7 +234,7 @@ class Uploader:
         is sent again one batch at a time, then a new session starts."""
         live = list(cursors)
         session, seq = uuid.uuid4().hex, 0
-        pending: deque[tuple[list[Item], list[int], Future[httpx.Response | httpx.HTTPError]]]
+        pending: deque[tuple[list[Item], list[int], Future[Answer]]]
         pending = deque()
         while True:
             if self._stop.is_set():

@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from ..sdk.records import CREATE_RUN
 from . import segments
 
 FSYNC_POLICIES = ("periodic", "event", "none")
@@ -87,6 +88,11 @@ class SpoolWriter:
                 RuntimeWarning,
                 stacklevel=4,
             )
+
+    def create_run(self, body: dict[str, Any]) -> None:
+        """The run's creation, the segment's first line (the wire's ``POST /runs`` event,
+        as every line is an event: the uploader knows a creation by that request)."""
+        self.submit(*CREATE_RUN, body)
 
     # ---- the hot path ----
 
