@@ -23,10 +23,10 @@ from pathlib import Path
 
 import httpx
 
-from instantml.server.commands import CreateRun, Envelope, Idempotency, WriteRankPoints
-from instantml.server.guardrail import UsagePolicy
 from instantml.server.process import ServerProcess
-from instantml.server.service import WriteService
+from instantml.server.write.commands import CreateRun, Envelope, Idempotency, WriteRankPoints
+from instantml.server.write.guardrail import UsagePolicy
+from instantml.server.write.service import WriteService
 from instantml.storage import open_stores
 
 METRICS = {"train/loss": 0.5, "optimizer/grad_norm": 2.5, "perf/step_ms": 31.0}

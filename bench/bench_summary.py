@@ -38,9 +38,9 @@ import httpx
 import numpy as np
 
 from instantml.server.bootstrap import bootstrap
-from instantml.server.commands import CreateRun, Envelope
 from instantml.server.process import ServerProcess
-from instantml.server.service import WriteService
+from instantml.server.write.commands import CreateRun, Envelope
+from instantml.server.write.service import WriteService
 from instantml.settings import ServerSettings
 from instantml.storage import open_stores
 from instantml.storage.protocols import Stores

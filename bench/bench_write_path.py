@@ -38,9 +38,9 @@ import httpx
 import numpy as np
 import orjson
 
-from instantml.server.commands import Envelope
 from instantml.server.process import ServerProcess
-from instantml.server.service import WriteService
+from instantml.server.write.commands import Envelope
+from instantml.server.write.service import WriteService
 from instantml.storage import open_stores
 from instantml.storage.records import RANK, Keys, RunSpec
 

@@ -8,7 +8,7 @@ from typing import Any
 RETRY_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 
 # ``Instantml-Upload: <session>/<seq>`` on ``POST /api/ingest``: the uploader's batches, in
-# the order it sent them (see server/upload_order.py).
+# the order it sent them (see server/write/upload_order.py).
 UPLOAD_ORDER_HEADER = "Instantml-Upload"
 
 # A 409 is two different answers, told apart by the ``code`` of its body: a request whose

@@ -43,7 +43,7 @@ class ServerSettings:
     # shares (PostgreSQL and a ClickHouse server), never an embedded file.
     workers: int = 1
     # Processes that decode large /api/ingest batches beside the writer (server/
-    # batch_decoder.py); None: one per spare core, up to two. 0: decode in this process.
+    # decode_pool.py); None: one per spare core, up to two. 0: decode in this process.
     decode_processes: int | None = None
     decode_min_bytes: int = 512 * 1024  # smaller batches are decoded in this process
     # Run-health thresholds (INSTANTML_HEALTH, a JSON object; a run's own go over them).

@@ -1,5 +1,5 @@
 """Large ``/api/ingest`` batches are decoded in a process of their own
-(server/batch_decoder.py): answered and stored as when decoded in the server, a decoding
+(server/write/decode_pool.py): answered and stored as when decoded in the server, a decoding
 process that dies costs no batch (the next is decoded in the server while another starts),
 and none outlives the server."""
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import httpx
 
-from instantml.server.commands import CreateRun, Envelope, Idempotency, WriteScalars
-from instantml.server.guardrail import UsagePolicy, usage
 from instantml.server.process import ServerProcess
-from instantml.server.service import WriteService
+from instantml.server.write.commands import CreateRun, Envelope, Idempotency, WriteScalars
+from instantml.server.write.guardrail import UsagePolicy, usage
+from instantml.server.write.service import WriteService
 from instantml.spool import segments
 from instantml.storage import open_stores
 from tests.helpers import admin_client, rank_body, stored_keys, stored_rank_points

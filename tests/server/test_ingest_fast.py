@@ -1,4 +1,4 @@
-"""``POST /api/ingest`` takes plain rank events in columns (server/rank_events.py) and
+"""``POST /api/ingest`` takes plain rank events in columns (server/write/rank_batch.py) and
 everything else through the general path; either way each event is answered and stored
 exactly as the same request sent alone to its own route.
 

@@ -1,6 +1,6 @@
 """Reads yield to writes: the Distributed summary waits, between its reads, for the writes
 queued or being applied (bounded), so that a write shares the cores with as little of a
-summary as it can (server/writer.py, the soak in docs/reliability.md)."""
+summary as it can (server/write/committer.py, the soak in docs/reliability.md)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import orjson
 
 from instantml.health.monitor import HealthMonitor
 from instantml.rankmath.params import SummaryParams
-from instantml.server.answers import Answer
-from instantml.server.commands import CreateRun, Envelope
 from instantml.server.responses import JSONResponse
-from instantml.server.service import WriteService
-from instantml.server.writer import GroupCommitter
+from instantml.server.write.answers import Answer
+from instantml.server.write.commands import CreateRun, Envelope
+from instantml.server.write.committer import GroupCommitter
+from instantml.server.write.service import WriteService
 from instantml.storage import Stores, open_stores
 from instantml.storage.querier import drive
 from instantml.summary.assemble import assemble

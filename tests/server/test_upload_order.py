@@ -1,4 +1,4 @@
-"""Ordered pipelining on ``/api/ingest`` (server/upload_order.py): batches of one upload
+"""Ordered pipelining on ``/api/ingest`` (server/write/upload_order.py): batches of one upload
 session are applied in the order they were sent, whatever order they arrive in, and none
 after a batch that did not complete cleanly."""
 
@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from instantml.protocol import UPLOAD_ORDER_HEADER
-from instantml.server import upload_order
 from instantml.server.errors import ApiError
+from instantml.server.write import upload_order
 from instantml.storage import open_stores
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from instantml.server.service import WriteService
-from instantml.server.writer import GroupCommitter
+from instantml.server.write.committer import GroupCommitter
+from instantml.server.write.service import WriteService
 from instantml.storage import open_stores
 from instantml.storage.duckdb.engine import IDLE_CHECKPOINT_BYTES
 from tests.storage.test_points import Writer

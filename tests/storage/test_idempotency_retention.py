@@ -3,9 +3,9 @@ every backend, an injected clock)."""
 
 from __future__ import annotations
 
-from instantml.server.commands import CreateRun, Envelope, Idempotency, WriteScalars
-from instantml.server.guardrail import UsagePolicy
-from instantml.server.service import WriteService
+from instantml.server.write.commands import CreateRun, Envelope, Idempotency, WriteScalars
+from instantml.server.write.guardrail import UsagePolicy
+from instantml.server.write.service import WriteService
 from instantml.storage.protocols import Stores
 
 DAY = 86400.0

@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from instantml.server.idempotency import key_sequence, key_sequences
+from instantml.server.write.idempotency import key_sequence, key_sequences
 from instantml.storage.duckdb.keyranges import KeyRanges, idents
 from instantml.storage.records import SEQUENCE_LIMIT
 

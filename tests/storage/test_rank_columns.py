@@ -18,10 +18,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from instantml.rankmath.params import SummaryParams
-from instantml.server.answers import Answer
-from instantml.server.commands import CreateRun, Envelope, MetricMatrix, RankEvents
-from instantml.server.guardrail import UsagePolicy, month_of
-from instantml.server.service import WriteService
+from instantml.server.write.answers import Answer
+from instantml.server.write.commands import CreateRun, Envelope, MetricMatrix, RankEvents
+from instantml.server.write.guardrail import UsagePolicy, month_of
+from instantml.server.write.service import WriteService
 from instantml.storage import open_stores
 from instantml.storage.protocols import Stores
 from instantml.storage.records import RANK

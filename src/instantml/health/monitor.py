@@ -37,7 +37,7 @@ KEYS_PER_LOOK = 64
 # 1 s for the next), but are never further apart than MAX_GAP: under heavy ingest the
 # monitor yields to the writer, and an alert still comes within about two seconds.
 LOOK_SHARE, MAX_GAP = 0.1, 1.5
-ATTRIBUTE_TYPE, ATTRIBUTE_PREFIX = "health", "health/"  # as server/writes.py checks them
+ATTRIBUTE_TYPE, ATTRIBUTE_PREFIX = "health", "health/"  # as server/write/validate.py checks them
 MOVING = frozenset({"rank_missing", "non_finite"})  # kinds whose since_step follows the points
 
 

@@ -19,16 +19,16 @@ from ..storage import open_stores
 from ..storage.protocols import Stores
 from . import errors, schemas, unsupported
 from .auth import KeyRing
-from .batch_decoder import BatchDecoder, default_processes
 from .context import Services, services
-from .guardrail import UsagePolicy
 from .memory import HeapTrimmer
 from .ratelimit import RateLimiter
 from .responses import JSONResponse
 from .routes import admin, health, ingest, metrics, runs, summary
-from .service import WriteService
-from .upload_order import UploadOrder
-from .writer import GroupCommitter
+from .write.committer import GroupCommitter
+from .write.decode_pool import BatchDecoder, default_processes
+from .write.guardrail import UsagePolicy
+from .write.service import WriteService
+from .write.upload_order import UploadOrder
 
 
 def create_app(settings: ServerSettings, stores: Stores | None = None) -> FastAPI:

@@ -14,12 +14,12 @@ from ..settings import ServerSettings
 from ..storage.protocols import Stores
 from ..storage.records import ApiKeyRecord
 from .auth import KeyRing
-from .batch_decoder import BatchDecoder
 from .errors import ApiError
 from .ratelimit import RateLimiter
-from .service import WriteService
-from .upload_order import UploadOrder
-from .writer import GroupCommitter
+from .write.committer import GroupCommitter
+from .write.decode_pool import BatchDecoder
+from .write.service import WriteService
+from .write.upload_order import UploadOrder
 
 
 @dataclass(frozen=True)

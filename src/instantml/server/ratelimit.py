@@ -12,8 +12,8 @@ import math
 import time
 from collections.abc import Callable
 
-from .answers import SCOPE_HEADER
 from .errors import ApiError
+from .write.answers import SCOPE_HEADER
 
 _IDLE = 60.0  # a bucket untouched this long is full again: forgotten
 

@@ -10,13 +10,14 @@ from fastapi import APIRouter, Depends, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from ...storage.records import ApiKeyRecord
-from .. import guardrail, schemas
+from .. import schemas
 from ..auth import ALL_SCOPES, new_api_key
 from ..body import read_json_object
 from ..bootstrap import DEFAULT_ORG
 from ..context import require, services
 from ..errors import ApiError
 from ..responses import JSONResponse
+from ..write import guardrail
 
 router = APIRouter()
 Admin = Annotated[ApiKeyRecord, Depends(require("admin"))]

@@ -12,14 +12,15 @@ from fastapi import APIRouter, Depends, Request
 
 from ...protocol import UPLOAD_ORDER_HEADER, is_final
 from ...storage.records import ApiKeyRecord
-from .. import idempotency, rank_events, schemas, upload_order, writes
-from ..answers import Answer
-from ..apply import apply_writes
+from .. import schemas
 from ..body import parse_object, parse_value, read_body, refuse_tokens
-from ..commands import Envelope, RankEvents
 from ..context import require, services
 from ..errors import ApiError
 from ..responses import JSONResponse
+from ..write import idempotency, rank_batch, upload_order, validate
+from ..write.answers import Answer
+from ..write.apply import apply_writes
+from ..write.commands import Envelope, RankEvents
 
 router = APIRouter()
 Ingest = Annotated[ApiKeyRecord, Depends(require("ingest"))]
@@ -41,7 +42,7 @@ def _event(org_id: int, event: Any, index: int) -> tuple[Any, Envelope]:
     if not isinstance(body, dict):
         raise ApiError(422, f"events[{index}].request.body must be an object")
     refuse_tokens(body)
-    write = writes.from_request(org_id, method, path, body)
+    write = validate.from_request(org_id, method, path, body)
     return event_id, Envelope(write, idempotency.make(org_id, event_id, method, path, body))
 
 
@@ -71,7 +72,7 @@ async def _ingest(
     decoded = await found.decoder.decode(raw, key.org_id)
     if decoded is not None:  # plain rank events, in columns already
         return await _plain(request, key, turn, limit, *decoded)
-    events: list[Any] | None = rank_events.decode_batch(raw)
+    events: list[Any] | None = rank_batch.decode_batch(raw)
     if events is None:  # not plainly {"events": [...]}: the general parser says what is wrong
         body = parse_object(raw, tokens=True)
         events = body.get("events")
@@ -79,24 +80,24 @@ async def _ingest(
             raise ApiError(422, "events must be a list")
     if len(events) > limit:
         raise ApiError(413, f"events: at most {limit} events per batch, got {len(events)}")
-    if events and all(type(event) is rank_events.RankEvent for event in events):
-        write = rank_events.columns_of(events, key.org_id, time.time())
+    if events and all(type(event) is rank_batch.RankEvent for event in events):
+        write = rank_batch.columns_of(events, key.org_id, time.time())
         if write is not None:  # the usual batch: every event plain, taken in columns
             return await _plain(request, key, turn, limit, [e.event_id for e in events], write)
     event_ids: list[str | None] = []
     refused: dict[int, ApiError] = {}  # answered before anything is applied
     envelopes: list[Envelope] = []
-    columns = rank_events.RankEventsBuilder(key.org_id)  # runs of plain rank-metrics events
+    columns = rank_batch.RankEventsBuilder(key.org_id)  # runs of plain rank-metrics events
     raw_events: list[msgspec.Raw] | None = None
     for index, event in enumerate(events):
-        if type(event) is rank_events.RankEvent and columns.take(event):
+        if type(event) is rank_batch.RankEvent and columns.take(event):
             event_ids.append(event.event_id)
             continue
         if len(columns):
             envelopes.append(Envelope(columns.build()))
-        if type(event) is rank_events.RankEvent:  # decoded, but not ours: as it was sent
+        if type(event) is rank_batch.RankEvent:  # decoded, but not ours: as it was sent
             if raw_events is None:
-                raw_events = rank_events.raw_events(raw)
+                raw_events = rank_batch.raw_events(raw)
             event = raw_events[index]
         if type(event) is msgspec.Raw:
             event = parse_value(bytes(event))

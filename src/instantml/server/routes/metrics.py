@@ -11,13 +11,14 @@ from starlette.concurrency import run_in_threadpool
 from ...storage.protocols import Stores
 from ...storage.records import RANK, SCALAR, ApiKeyRecord
 from ...validation import mark_of
-from .. import schemas, writes
-from ..apply import apply_one
+from .. import schemas
 from ..body import read_json_object
 from ..context import require, services
 from ..errors import ApiError
 from ..keyquery import KeyName, required
 from ..responses import JSONResponse
+from ..write import validate
+from ..write.apply import apply_one
 
 router = APIRouter()
 CAPTURED = "string_series"  # the public SDK's capture_console: log_text under console/
@@ -28,26 +29,28 @@ Read = Annotated[ApiKeyRecord, Depends(require("read"))]
 @router.post("/runs/{run_id}/metrics", openapi_extra=schemas.SCALARS)
 async def log_scalars(request: Request, run_id: str, key: Ingest) -> JSONResponse:
     body = await read_json_object(request)
-    return await apply_one(request, key.org_id, writes.scalars(key.org_id, run_id, body), body)
+    return await apply_one(request, key.org_id, validate.scalars(key.org_id, run_id, body), body)
 
 
 @router.post("/runs/{run_id}/rank-metrics", openapi_extra=schemas.RANK_POINTS)
 async def log_rank_metrics(request: Request, run_id: str, key: Ingest) -> JSONResponse:
     body = await read_json_object(request)
-    return await apply_one(request, key.org_id, writes.rank_points(key.org_id, run_id, body), body)
+    return await apply_one(
+        request, key.org_id, validate.rank_points(key.org_id, run_id, body), body
+    )
 
 
 @router.post("/api/runs/{run_id}/attributes", openapi_extra=schemas.ATTRIBUTES)
 async def log_attributes(request: Request, run_id: str, key: Ingest) -> JSONResponse:
     body = await read_json_object(request)
-    return await apply_one(request, key.org_id, writes.attributes(key.org_id, run_id, body), body)
+    return await apply_one(request, key.org_id, validate.attributes(key.org_id, run_id, body), body)
 
 
 @router.post("/api/runs/{run_id}/logs")
 async def log_console(request: Request, run_id: str, key: Ingest) -> JSONResponse:
     """Console lines (the public SDK's ``capture_console=True`` / ``log_console``)."""
     body = await read_json_object(request)
-    return await apply_one(request, key.org_id, writes.logs(key.org_id, run_id, body), body)
+    return await apply_one(request, key.org_id, validate.logs(key.org_id, run_id, body), body)
 
 
 @router.get("/api/runs/{run_id}/logs")
@@ -65,12 +68,12 @@ async def console_lines(
     if await run_in_threadpool(stores.runs.get_run, key.org_id, run_id) is None:
         raise ApiError(404, f"run {run_id!r} not found")
     found = await run_in_threadpool(
-        stores.runs.attributes_of, key.org_id, run_id, (writes.CONSOLE, CAPTURED), "console/"
+        stores.runs.attributes_of, key.org_id, run_id, (validate.CONSOLE, CAPTURED), "console/"
     )
     lines: dict[tuple[str, int | None] | int, dict[str, Any]] = {}
     for i, (kind, path, step, value) in enumerate(found):
         stream = path.removeprefix("console/")
-        if kind == writes.CONSOLE:  # log_console: numbered lines
+        if kind == validate.CONSOLE:  # log_console: numbered lines
             lines[(path, step)] = {
                 "stream": stream, "line_number": step, "step": None,
                 "message": value.get("message"), "timestamp": value.get("timestamp"),

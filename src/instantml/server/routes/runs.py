@@ -10,12 +10,13 @@ from starlette.concurrency import run_in_threadpool
 
 from ...health.detectors import ranks_lost, status
 from ...storage.records import RANK, ApiKeyRecord, RunRecord
-from .. import schemas, writes
-from ..apply import apply_one
+from .. import schemas
 from ..body import read_json_object
 from ..context import Services, require, services
 from ..errors import ApiError
 from ..responses import JSONResponse
+from ..write import validate
+from ..write.apply import apply_one
 
 router = APIRouter()
 Ingest = Annotated[ApiKeyRecord, Depends(require("ingest"))]
@@ -26,7 +27,7 @@ Read = Annotated[ApiKeyRecord, Depends(require("read"))]
 async def create_run(request: Request, key: Ingest) -> JSONResponse:
     """Create a run, or attach to it (200) when its ``id`` exists in the same project."""
     body = await read_json_object(request)
-    return await apply_one(request, key.org_id, writes.create_run(key.org_id, body), body)
+    return await apply_one(request, key.org_id, validate.create_run(key.org_id, body), body)
 
 
 def _lost(found: Services, org_id: int, record: RunRecord) -> list[dict[str, Any]]:
@@ -74,7 +75,7 @@ async def get_run(request: Request, run_id: str, key: Read) -> dict[str, Any]:
 @router.patch("/runs/{run_id}", openapi_extra=schemas.PATCH_RUN)
 async def patch_run(request: Request, run_id: str, key: Ingest) -> JSONResponse:
     body = await read_json_object(request)
-    return await apply_one(request, key.org_id, writes.patch_run(key.org_id, run_id, body), body)
+    return await apply_one(request, key.org_id, validate.patch_run(key.org_id, run_id, body), body)
 
 
 @router.get("/api/runs")

@@ -7,14 +7,14 @@ from typing import Any
 
 from fastapi import Request
 
-from ..protocol import IN_FLIGHT
-from ..storage.records import Slot
+from ...protocol import IN_FLIGHT
+from ...storage.records import Slot
+from ..context import services
+from ..errors import ApiError
+from ..responses import JSONResponse
 from . import idempotency
 from .answers import Answer
 from .commands import Envelope, Idempotency, RankEvents, Write
-from .context import services
-from .errors import ApiError
-from .responses import JSONResponse
 
 _PENDING = Answer(0, {})  # a placeholder: the write path has not answered yet
 

@@ -28,7 +28,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
 from .commands import RankEvents
-from .rank_events import plain_batch
+from .rank_batch import plain_batch
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,10 @@ from typing import Any
 
 import orjson
 
-from .. import validation
-from ..thresholds import check
-from . import unsupported
+from ... import validation
+from ...thresholds import check
+from .. import unsupported
+from ..errors import ApiError, bad_input
 from .commands import (
     CreateRun,
     PatchRun,
@@ -24,7 +25,6 @@ from .commands import (
     WriteRankPoints,
     WriteScalars,
 )
-from .errors import ApiError, bad_input
 
 _MAX_TEXT = 256
 

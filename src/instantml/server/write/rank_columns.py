@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..storage.records import RANK, RANK_COLUMNS, RunRef
+from ...storage.records import RANK, RANK_COLUMNS, RunRef
 from .commands import MetricMatrix, RankEvents, WriteRankPoints
 
 SeriesIds = Callable[[RunRef, int, Sequence[str]], list[int]]

@@ -27,9 +27,9 @@ import re
 
 from starlette.concurrency import run_in_threadpool
 
-from ..protocol import UPLOAD_ORDER_HEADER
-from ..storage.protocols import Ledger
-from .errors import ApiError
+from ...protocol import UPLOAD_ORDER_HEADER
+from ...storage.protocols import Ledger
+from ..errors import ApiError
 
 WAIT_SECONDS = 30.0  # for the batch before; then it is taken as lost
 POLL_SECONDS = 0.02  # the longest wait between two looks at the ledger

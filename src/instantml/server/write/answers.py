@@ -9,8 +9,8 @@ from typing import Any
 
 import orjson
 
-from ..protocol import RUN_CONFLICT
-from ..storage.records import RunConflict, RunRecord, StoredAnswer
+from ...protocol import RUN_CONFLICT
+from ...storage.records import RunConflict, RunRecord, StoredAnswer
 from .guardrail import reset_at
 
 SCOPE_HEADER = "X-InstantML-RateLimit-Scope"

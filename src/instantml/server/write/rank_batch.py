@@ -8,7 +8,7 @@ appends them to columns without building a dict or a write object per event.
 A batch that does not decode that way as a whole (a run's creation in it, a bad event)
 is split into its events, each decoded on its own; an event that still does not (any
 other route, an int where a float is expected, a bad field) goes to the general path in
-``writes.py``, which applies the same rules and names what is wrong. So both paths accept
+``write/validate.py``, which applies the same rules and names what is wrong. So both paths accept
 exactly the same events (``tests/server/test_ingest_fast.py`` holds them to that).
 """
 
@@ -94,7 +94,7 @@ def plain_batch(raw: bytes, org_id: int) -> tuple[list[str], RankEvents] | None:
     None when any is not; the route then takes the batch event by event.
 
     Pure (bytes in, columns out), so that it can run in a decoding process
-    (``batch_decoder.py``): nothing it returns is tied to this process."""
+    (``write/decode_pool.py``): nothing it returns is tied to this process."""
     try:
         events = _BATCH.decode(raw).events
     except msgspec.DecodeError:

@@ -19,10 +19,10 @@ import numpy as np
 import orjson
 import xxhash
 
-from ..protocol import IN_FLIGHT
-from ..storage.records import SEQUENCE_LIMIT
+from ...protocol import IN_FLIGHT
+from ...storage.records import SEQUENCE_LIMIT
+from ..errors import ApiError
 from .commands import Idempotency
-from .errors import ApiError
 from .rank_body import RankBody, canonical, rank_route
 
 MAX_KEY_LENGTH = 255

@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..storage.protocols import Stores
+    from ...storage.protocols import Stores
 
 
 def month_of(now: float) -> str:

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..storage.protocols import Stores
-from ..storage.records import (
+from ...storage.protocols import Stores
+from ...storage.records import (
     SCALAR,
     Keys,
     RunConflict,
@@ -33,7 +33,6 @@ from ..storage.records import (
 )
 from . import answers
 from .answers import Answer
-from .columns import RankColumns
 from .commands import (
     Envelope,
     PatchRun,
@@ -44,6 +43,7 @@ from .commands import (
     WriteScalars,
 )
 from .guardrail import UsagePolicy, month_of
+from .rank_columns import RankColumns
 
 log = logging.getLogger(__name__)
 

@@ -18,9 +18,9 @@ import threading
 from collections import deque
 from typing import Any
 
+from ..errors import ApiError
 from .answers import Answer, storage_failed
 from .commands import Envelope
-from .errors import ApiError
 from .service import WriteService
 
 IDLE_SECONDS = 0.05  # no write for this long: do background work

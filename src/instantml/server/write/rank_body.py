@@ -3,7 +3,7 @@ JSON by msgspec (types and ranges checked in C, no intermediate dicts).
 
 It takes exactly the bodies that ``writes.rank_points`` takes without converting anything
 (floats as floats, ints as ints, no string timestamps); whatever it refuses goes through
-``writes.py``, which either accepts it too (``"step": 5.0``, say) or names what is wrong.
+``write/validate.py``, which either accepts it too (``"step": 5.0``, say) or names what is wrong.
 Two checks span fields and stay in Python: ``rank < world_size`` and
 ``local_rank < world_size``.
 """
@@ -16,7 +16,7 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
-from ..validation import MAX_STEP, MAX_WORLD_SIZE
+from ...validation import MAX_STEP, MAX_WORLD_SIZE
 
 # 128 code points are at most 512 UTF-8 bytes, the contract's limit; a longer name is
 # checked (in bytes) by the general path.
@@ -32,7 +32,7 @@ class RankBody(msgspec.Struct, gc=False):
     weight: Annotated[float, Meta(gt=0.0)] | None = None
     timestamp: Annotated[float, Meta(gt=-1e11, lt=1e11)] | None = None
     # Declared so that it is never silently dropped (msgspec ignores unknown fields) and
-    # enters the fingerprint; an event that has it takes the general path (writes.py).
+    # enters the fingerprint; an event that has it takes the general path (validate.py).
     nonfinite: dict[str, str] | None = None
 
 

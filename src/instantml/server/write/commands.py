@@ -1,4 +1,4 @@
-"""The writes the write service applies: requests already validated (``writes.py``), each in
+"""The writes the write service applies: requests already validated (``write/validate.py``), each in
 an envelope with its Idempotency-Key (if any)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any, overload
 
 import numpy as np
 
-from ..storage.records import Keys, RunSpec
+from ...storage.records import Keys, RunSpec
 
 
 @dataclass(slots=True)
