@@ -23,7 +23,7 @@ from .context import Services, services
 from .memory import HeapTrimmer
 from .ratelimit import RateLimiter
 from .responses import JSONResponse
-from .routes import admin, health, ingest, metrics, runs, summary
+from .routes import admin, health, ingest, metrics, runs, summary, writes
 from .write.committer import GroupCommitter
 from .write.decode_pool import BatchDecoder, default_processes
 from .write.guardrail import UsagePolicy
@@ -86,6 +86,7 @@ def create_app(settings: ServerSettings, stores: Stores | None = None) -> FastAP
     )
     app.state.settings = settings  # read before startup (body limits, the dashboard)
     errors.install(app)
+    app.include_router(writes.router)
     app.include_router(runs.router)
     app.include_router(metrics.router)
     app.include_router(ingest.router)
@@ -99,7 +100,7 @@ def create_app(settings: ServerSettings, stores: Stores | None = None) -> FastAP
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = schemas.add_run_links(generate())
+            app.openapi_schema = schemas.complete(generate())
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

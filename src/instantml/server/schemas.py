@@ -1,21 +1,21 @@
-"""OpenAPI request-body schemas. Bodies are parsed by hand (orjson + the shared validation
-rules, for speed and for messages that name the field); these document what is accepted."""
+"""The OpenAPI schema's request bodies, generated from the types that describe them
+(msgspec Structs: the write path's in ``write/wire.py``, the admin routes' beside them)
+rather than kept by hand; and links from a created run to every operation on it."""
 
 from __future__ import annotations
 
 from typing import Any
 
-_METRICS = {
-    "type": "object",
-    "minProperties": 1,
-    "additionalProperties": {"type": "number"},
-    "description": "metric name (1-512 UTF-8 bytes) -> finite number",
-}
-_STEP = {"type": "integer", "minimum": 0}
-_TIMESTAMP = {"oneOf": [{"type": "number"}, {"type": "string", "format": "date-time"}]}
+import msgspec
+
+_REF = "#/components/schemas/{name}"
+_TYPES: set[type] = set()  # every body type a route documents
 
 
-def body(schema: dict[str, Any]) -> dict[str, Any]:
+def request_body(body: type) -> dict[str, Any]:
+    """A route's ``openapi_extra``: its JSON body is a ``body`` (a msgspec Struct)."""
+    _TYPES.add(body)
+    (schema,), _ = msgspec.json.schema_components([body], ref_template=_REF)
     return {
         "requestBody": {
             "required": True,
@@ -24,112 +24,13 @@ def body(schema: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-CREATE_RUN = body(
-    {
-        "type": "object",
-        "properties": {
-            "project": {"type": "string", "maxLength": 256},
-            "name": {"type": ["string", "null"], "maxLength": 256},
-            "id": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"},
-            "config": {"type": "object"},
-            "tags": {"type": "array", "items": {"type": "string"}},
-            "metadata": {"type": "object"},
-        },
-    }
-)
-PATCH_RUN = body(
-    {
-        "type": "object",
-        "required": ["status"],
-        "properties": {
-            "status": {"enum": ["running", "finished", "failed", "crashed"]},
-            "rank": {"type": "integer", "minimum": 0, "description": "the rank that finishes"},
-        },
-    }
-)
-SCALARS = body(
-    {
-        "type": "object",
-        "required": ["metrics", "step"],
-        "properties": {
-            "metrics": _METRICS,
-            "step": _STEP,
-            "timestamp": _TIMESTAMP,
-            "preview": {"type": "boolean"},
-        },
-    }
-)
-RANK_POINTS = body(
-    {
-        "type": "object",
-        "required": ["metrics", "step", "rank", "world_size"],
-        "properties": {
-            "metrics": _METRICS,
-            "step": _STEP,
-            "rank": {"type": "integer", "minimum": 0, "maximum": 511},
-            "world_size": {"type": "integer", "minimum": 1, "maximum": 512},
-            "local_rank": {"type": ["integer", "null"], "minimum": 0, "maximum": 511},
-            "weight": {"type": "number", "exclusiveMinimum": 0},
-            "timestamp": _TIMESTAMP,
-        },
-    }
-)
-ATTRIBUTES = body(
-    {
-        "type": "object",
-        "properties": {"attributes": {"type": "array", "minItems": 1, "items": {"type": "object"}}},
-    }
-)
-INGEST = body(
-    {
-        "type": "object",
-        "required": ["events"],
-        "properties": {
-            "events": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "required": ["event_id", "request"],
-                    "properties": {
-                        "event_id": {"type": "string", "minLength": 1, "maxLength": 255},
-                        "request": {
-                            "type": "object",
-                            "required": ["method", "path", "body"],
-                            "properties": {
-                                "method": {"type": "string"},
-                                "path": {"type": "string"},
-                                "body": {"type": "object"},
-                            },
-                        },
-                    },
-                },
-            }
-        },
-    }
-)
-CREATE_KEY = body(
-    {
-        "type": "object",
-        "properties": {
-            "org": {"type": "string", "minLength": 1, "maxLength": 256},
-            "scopes": {
-                "type": "array",
-                "minItems": 1,
-                "items": {"enum": ["admin", "ingest", "read"]},
-            },
-        },
-    }
-)
-SET_LIMIT = body(
-    {
-        "type": "object",
-        "required": ["limit"],
-        "properties": {
-            "org": {"type": "string"},
-            "limit": {"type": ["integer", "null"], "minimum": 0},
-        },
-    }
-)
+def complete(spec: dict[str, Any]) -> dict[str, Any]:
+    """The app's generated schema with the body types' components and the run links."""
+    _, components = msgspec.json.schema_components(
+        sorted(_TYPES, key=lambda t: t.__name__), ref_template=_REF
+    )
+    spec.setdefault("components", {}).setdefault("schemas", {}).update(components)
+    return add_run_links(spec)
 
 
 def add_run_links(spec: dict[str, Any]) -> dict[str, Any]:

@@ -4,25 +4,44 @@ and reads its usage; only the server admin sets limits."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
+import msgspec
 from fastapi import APIRouter, Depends, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from ...storage.records import ApiKeyRecord
-from .. import schemas
 from ..auth import ALL_SCOPES, new_api_key
 from ..body import read_json_object
 from ..bootstrap import DEFAULT_ORG
 from ..context import require, services
 from ..errors import ApiError
 from ..responses import JSONResponse
+from ..schemas import request_body
 from ..write import guardrail
 
 router = APIRouter()
 Admin = Annotated[ApiKeyRecord, Depends(require("admin"))]
 Read = Annotated[ApiKeyRecord, Depends(require("read"))]
 OrgName = Annotated[str | None, Query(min_length=1, max_length=256, pattern="^[^\x00]+$")]
+
+
+class KeyBody(msgspec.Struct):
+    """``POST /api/keys``: a key for an org (default: the caller's), with these scopes."""
+
+    org: Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern="^[^\x00]+$")] | None = (
+        None
+    )
+    scopes: Annotated[list[Literal["admin", "ingest", "read"]], msgspec.Meta(min_length=1)] = (
+        msgspec.field(default_factory=lambda: ["ingest", "read"])
+    )
+
+
+class LimitBody(msgspec.Struct):
+    """``PUT /api/usage/limit``: an org's monthly metric points (null: the server default)."""
+
+    limit: Annotated[int, msgspec.Meta(ge=0)] | None
+    org: Annotated[str, msgspec.Meta(pattern="^[^\x00]*$")] | None = None
 
 
 async def _is_server_admin(request: Request, key: ApiKeyRecord) -> bool:
@@ -53,7 +72,7 @@ async def _target_org(
     return await run_in_threadpool(tenancy.ensure_org, org)
 
 
-@router.post("/api/keys", status_code=201, openapi_extra=schemas.CREATE_KEY)
+@router.post("/api/keys", status_code=201, openapi_extra=request_body(KeyBody))
 async def create_key(request: Request, key: Admin) -> JSONResponse:
     """Mint an API key for an org (created if new; server admin only for another org)."""
     body = await read_json_object(request)
@@ -119,7 +138,7 @@ async def usage(request: Request, key: Read, org: OrgName = None) -> JSONRespons
     return JSONResponse({"org": name, **body})
 
 
-@router.put("/api/usage/limit", openapi_extra=schemas.SET_LIMIT)
+@router.put("/api/usage/limit", openapi_extra=request_body(LimitBody))
 async def set_limit(request: Request, key: Admin) -> JSONResponse:
     """Override an org's monthly limit (null: back to the server default). Server admin only."""
     if not await _is_server_admin(request, key):

@@ -12,15 +12,16 @@ from fastapi import APIRouter, Depends, Request
 
 from ...protocol import UPLOAD_ORDER_HEADER, is_final
 from ...storage.records import ApiKeyRecord
-from .. import schemas
 from ..body import parse_object, parse_value, read_body, refuse_tokens
 from ..context import require, services
 from ..errors import ApiError
 from ..responses import JSONResponse
-from ..write import idempotency, rank_batch, upload_order, validate
+from ..schemas import request_body
+from ..write import idempotency, rank_batch, table, upload_order
 from ..write.answers import Answer
 from ..write.apply import apply_writes
 from ..write.commands import Envelope, RankEvents
+from ..write.wire import IngestBody, RankEvent
 
 router = APIRouter()
 Ingest = Annotated[ApiKeyRecord, Depends(require("ingest"))]
@@ -42,11 +43,11 @@ def _event(org_id: int, event: Any, index: int) -> tuple[Any, Envelope]:
     if not isinstance(body, dict):
         raise ApiError(422, f"events[{index}].request.body must be an object")
     refuse_tokens(body)
-    write = validate.from_request(org_id, method, path, body)
+    write = table.command(org_id, method, path, body)
     return event_id, Envelope(write, idempotency.make(org_id, event_id, method, path, body))
 
 
-@router.post("/api/ingest", openapi_extra=schemas.INGEST)
+@router.post("/api/ingest", openapi_extra=request_body(IngestBody))
 async def ingest(request: Request, key: Ingest) -> JSONResponse:
     header = request.headers.get(UPLOAD_ORDER_HEADER)
     if header is None:
@@ -80,7 +81,7 @@ async def _ingest(
             raise ApiError(422, "events must be a list")
     if len(events) > limit:
         raise ApiError(413, f"events: at most {limit} events per batch, got {len(events)}")
-    if events and all(type(event) is rank_batch.RankEvent for event in events):
+    if events and all(type(event) is RankEvent for event in events):
         write = rank_batch.columns_of(events, key.org_id, time.time())
         if write is not None:  # the usual batch: every event plain, taken in columns
             return await _plain(request, key, turn, limit, [e.event_id for e in events], write)
@@ -90,12 +91,12 @@ async def _ingest(
     columns = rank_batch.RankEventsBuilder(key.org_id)  # runs of plain rank-metrics events
     raw_events: list[msgspec.Raw] | None = None
     for index, event in enumerate(events):
-        if type(event) is rank_batch.RankEvent and columns.take(event):
+        if type(event) is RankEvent and columns.take(event):
             event_ids.append(event.event_id)
             continue
         if len(columns):
             envelopes.append(Envelope(columns.build()))
-        if type(event) is rank_batch.RankEvent:  # decoded, but not ours: as it was sent
+        if type(event) is RankEvent:  # decoded, but not ours: as it was sent
             if raw_events is None:
                 raw_events = rank_batch.raw_events(raw)
             event = raw_events[index]

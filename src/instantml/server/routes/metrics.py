@@ -1,4 +1,5 @@
-"""Metric writes (scalar and per-rank), run attributes, and the raw series behind them."""
+"""The raw series of a run: its keys, scalars, rank points and console lines (their
+writes are write routes: ``routes/writes.py``)."""
 
 from __future__ import annotations
 
@@ -11,46 +12,16 @@ from starlette.concurrency import run_in_threadpool
 from ...storage.protocols import Stores
 from ...storage.records import RANK, SCALAR, ApiKeyRecord
 from ...validation import mark_of
-from .. import schemas
-from ..body import read_json_object
 from ..context import require, services
 from ..errors import ApiError
 from ..keyquery import KeyName, required
 from ..responses import JSONResponse
 from ..write import validate
-from ..write.apply import apply_one
 
 router = APIRouter()
 CAPTURED = "string_series"  # the public SDK's capture_console: log_text under console/
 Ingest = Annotated[ApiKeyRecord, Depends(require("ingest"))]
 Read = Annotated[ApiKeyRecord, Depends(require("read"))]
-
-
-@router.post("/runs/{run_id}/metrics", openapi_extra=schemas.SCALARS)
-async def log_scalars(request: Request, run_id: str, key: Ingest) -> JSONResponse:
-    body = await read_json_object(request)
-    return await apply_one(request, key.org_id, validate.scalars(key.org_id, run_id, body), body)
-
-
-@router.post("/runs/{run_id}/rank-metrics", openapi_extra=schemas.RANK_POINTS)
-async def log_rank_metrics(request: Request, run_id: str, key: Ingest) -> JSONResponse:
-    body = await read_json_object(request)
-    return await apply_one(
-        request, key.org_id, validate.rank_points(key.org_id, run_id, body), body
-    )
-
-
-@router.post("/api/runs/{run_id}/attributes", openapi_extra=schemas.ATTRIBUTES)
-async def log_attributes(request: Request, run_id: str, key: Ingest) -> JSONResponse:
-    body = await read_json_object(request)
-    return await apply_one(request, key.org_id, validate.attributes(key.org_id, run_id, body), body)
-
-
-@router.post("/api/runs/{run_id}/logs")
-async def log_console(request: Request, run_id: str, key: Ingest) -> JSONResponse:
-    """Console lines (the public SDK's ``capture_console=True`` / ``log_console``)."""
-    body = await read_json_object(request)
-    return await apply_one(request, key.org_id, validate.logs(key.org_id, run_id, body), body)
 
 
 @router.get("/api/runs/{run_id}/logs")

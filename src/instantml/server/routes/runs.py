@@ -1,4 +1,4 @@
-"""Runs: create (idempotent by id), read, change status, list."""
+"""Runs: read one, list (their writes are write routes: ``routes/writes.py``)."""
 
 from __future__ import annotations
 
@@ -10,24 +10,12 @@ from starlette.concurrency import run_in_threadpool
 
 from ...health.detectors import ranks_lost, status
 from ...storage.records import RANK, ApiKeyRecord, RunRecord
-from .. import schemas
-from ..body import read_json_object
 from ..context import Services, require, services
 from ..errors import ApiError
-from ..responses import JSONResponse
-from ..write import validate
-from ..write.apply import apply_one
 
 router = APIRouter()
 Ingest = Annotated[ApiKeyRecord, Depends(require("ingest"))]
 Read = Annotated[ApiKeyRecord, Depends(require("read"))]
-
-
-@router.post("/runs", openapi_extra=schemas.CREATE_RUN, status_code=201)
-async def create_run(request: Request, key: Ingest) -> JSONResponse:
-    """Create a run, or attach to it (200) when its ``id`` exists in the same project."""
-    body = await read_json_object(request)
-    return await apply_one(request, key.org_id, validate.create_run(key.org_id, body), body)
 
 
 def _lost(found: Services, org_id: int, record: RunRecord) -> list[dict[str, Any]]:
@@ -70,12 +58,6 @@ async def get_run(request: Request, run_id: str, key: Read) -> dict[str, Any]:
         raise ApiError(404, f"run {run_id!r} not found")
     (run,) = await run_in_threadpool(_runs_json, found, key.org_id, [record])
     return {"run": run}
-
-
-@router.patch("/runs/{run_id}", openapi_extra=schemas.PATCH_RUN)
-async def patch_run(request: Request, run_id: str, key: Ingest) -> JSONResponse:
-    body = await read_json_object(request)
-    return await apply_one(request, key.org_id, validate.patch_run(key.org_id, run_id, body), body)
 
 
 @router.get("/api/runs")

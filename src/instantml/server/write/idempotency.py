@@ -23,9 +23,10 @@ from ...protocol import IN_FLIGHT
 from ...storage.records import SEQUENCE_LIMIT
 from ..errors import ApiError
 from .commands import Idempotency
-from .rank_body import RankBody, canonical, rank_route
+from .table import rank_run
+from .wire import MAX_EVENT_ID, RankBody
 
-MAX_KEY_LENGTH = 255
+MAX_KEY_LENGTH = MAX_EVENT_ID
 
 
 _TWO_INT64 = struct.Struct(">qq").unpack
@@ -83,7 +84,7 @@ def fingerprint(method: str, path: str, body: Any) -> int:
     A rank-metrics body that decodes as a :class:`RankBody` is fingerprinted by its typed
     form (so the batch route, which decodes it that way, gets the same answer without
     building a dict); any other body by its JSON with keys sorted."""
-    if method.upper() == "POST" and rank_route(path) is not None:
+    if method.upper() == "POST" and rank_run(path) is not None:
         try:
             return typed_fingerprint(path, msgspec.convert(body, RankBody))
         except msgspec.ValidationError:
@@ -94,6 +95,15 @@ def fingerprint(method: str, path: str, body: Any) -> int:
         request = json.dumps([method.upper(), path, body], sort_keys=True, default=str).encode()
     (value,) = _INT64(xxhash.xxh3_64_digest(request))
     return value
+
+
+_ENCODER = msgspec.json.Encoder(order="sorted")
+
+
+def canonical(body: RankBody) -> bytes:
+    """The body as JSON with every field present and keys sorted: equal for equal bodies,
+    however they were written."""
+    return _ENCODER.encode(body)
 
 
 def typed_fingerprint(path: str, body: RankBody) -> int:

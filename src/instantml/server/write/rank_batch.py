@@ -18,36 +18,23 @@ import time
 from collections.abc import Iterable
 from itertools import repeat
 from operator import attrgetter
-from typing import Annotated, Any, cast
+from typing import Any, cast
 
 import msgspec
 import numpy as np
 import xxhash
-from msgspec import Meta
 
 from .commands import MetricMatrix, RankEvents
 from .idempotency import (
-    MAX_KEY_LENGTH,
+    canonical,
     fingerprint_prefix,
     key_hash,
     key_sequence,
     key_sequences,
     typed_fingerprint,
 )
-from .rank_body import RankBody, canonical, rank_route
-
-
-# gc=False: these hold no cycles, and a batch makes tens of thousands of them; the cyclic
-# collector need not track (or walk) any.
-class _Request(msgspec.Struct, gc=False):
-    method: str
-    path: str
-    body: RankBody
-
-
-class RankEvent(msgspec.Struct, gc=False):
-    event_id: Annotated[str, Meta(min_length=1, max_length=MAX_KEY_LENGTH)]
-    request: _Request
+from .table import rank_run
+from .wire import RankEvent
 
 
 class _Batch(msgspec.Struct):
@@ -124,7 +111,7 @@ def columns_of(events: list[RankEvent], org_id: int, now: float) -> RankEvents |
     if any(method != "POST" for method in set(map(attrgetter("method"), requests))):
         return None
     paths = list(map(attrgetter("path"), requests))
-    routes = {path: rank_route(path) for path in set(paths)}
+    routes = {path: rank_run(path) for path in set(paths)}
     if None in routes.values():
         return None
     runs = cast(dict[str, str], routes)
@@ -187,7 +174,7 @@ class RankEventsBuilder:
         request = event.request
         if request.method != "POST":
             return False
-        run_id = rank_route(request.path)
+        run_id = rank_run(request.path)
         body = request.body
         size = body.world_size
         local_rank = body.local_rank

@@ -15,12 +15,10 @@ import orjson
 
 from ... import validation
 from ...thresholds import check
-from .. import unsupported
 from ..errors import ApiError, bad_input
 from .commands import (
     CreateRun,
     PatchRun,
-    Write,
     WriteAttributes,
     WriteRankPoints,
     WriteScalars,
@@ -241,42 +239,3 @@ def logs(org_id: int, run_id: str, body: dict[str, Any]) -> WriteAttributes:
         )  # fmt: skip
     storable(kept, "lines")
     return WriteAttributes(org_id=org_id, run_id=run_id, attributes=kept, timestamp=time.time())
-
-
-def from_request(org_id: int, method: str, path: str, body: dict[str, Any]) -> Write:
-    """The write a (method, path, body) triple stands for, as if sent to its own route."""
-    parts = path.split("?", 1)[0].strip("/").split("/")
-    if (
-        parts[:1] == ["api"]
-        and parts[1:2] == ["runs"]
-        and len(parts) == 4
-        and parts[3] == "attributes"
-    ):
-        route = ("attributes", parts[2])
-    elif parts[:2] == ["api", "runs"] and len(parts) == 4 and parts[3] == "logs":
-        route = ("logs", parts[2])
-    elif parts[:1] == ["runs"] and len(parts) == 1:
-        route = ("create", "")
-    elif parts[:1] == ["runs"] and len(parts) == 2:
-        route = ("patch", parts[1])
-    elif parts[:1] == ["runs"] and len(parts) == 3 and parts[2] in ("metrics", "rank-metrics"):
-        route = (parts[2], parts[1])
-    elif (feature := unsupported.feature_of(path)) is not None:
-        raise ApiError(501, unsupported.message(feature))
-    else:
-        raise ApiError(404, f"request.path: no write route at {path!r}")
-    kind, run_id = route
-    expected = "PATCH" if kind == "patch" else "POST"
-    if method.upper() != expected:
-        raise ApiError(405, f"request.method: {path!r} takes {expected}, not {method!r}")
-    if kind == "create":
-        return create_run(org_id, body)
-    if kind == "patch":
-        return patch_run(org_id, run_id, body)
-    if kind == "metrics":
-        return scalars(org_id, run_id, body)
-    if kind == "rank-metrics":
-        return rank_points(org_id, run_id, body)
-    if kind == "logs":
-        return logs(org_id, run_id, body)
-    return attributes(org_id, run_id, body)
