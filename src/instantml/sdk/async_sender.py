@@ -166,6 +166,9 @@ class AsyncSender:
             with self._settled_cond:
                 self._settled += len(batch)
                 self._settled_cond.notify_all()
+        # close() left this thread behind on a dead or hung server: its connection is the
+        # thread's to close when it gives up (else it lingers until collected).
+        self._transport.close()
 
     def _next_batch(self) -> list[Request]:
         """Up to ``batch_size`` records; a run's creation goes alone. A batch is sent until

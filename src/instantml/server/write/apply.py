@@ -40,14 +40,17 @@ async def apply_writes(
                     runnable.append(envelope)
                     pending.extend([_PENDING] * len(write))
                     continue
-                for single in write.envelopes():  # some are in flight: event by event
-                    idem = single.idempotency
-                    assert idem is not None
-                    if (org_id, idem.key_hi, idem.key_lo) in busy:
-                        pending.append(None)
-                    else:
-                        runnable.append(single)
-                        pending.append(_PENDING)
+                # Some are in flight (409): the others go on, still in columns.
+                free = [
+                    i
+                    for i, slot in enumerate(zip(write.key_hi.tolist(), write.key_lo.tolist()))
+                    if (org_id, *slot) not in busy
+                ]
+                pending.extend([None] * len(write))
+                for i in free:
+                    pending[len(pending) - len(write) + i] = _PENDING
+                if free:
+                    runnable.append(Envelope(write.take(free)))
                 continue
             idem = envelope.idempotency
             if idem is not None and (org_id, idem.key_hi, idem.key_lo) not in claimed:

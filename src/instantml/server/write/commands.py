@@ -119,6 +119,32 @@ class RankEvents:
         org = np.full(len(self), self.org_id, dtype=np.int64)
         return Keys(org, self.key_hi, self.key_lo, self.key_seq, self.key_n)
 
+    def take(self, rows: list[int]) -> RankEvents:
+        """These events (indexes, ascending) as a write of their own, still in columns."""
+        index = np.array(rows, dtype=np.int64)
+        metrics = self.metrics
+        picked: Sequence[dict[str, float]] = (
+            MetricMatrix(metrics.names, metrics.values[index])
+            if isinstance(metrics, MetricMatrix)
+            else [metrics[i] for i in rows]
+        )
+        return RankEvents(
+            self.org_id,
+            [self.run_ids[i] for i in rows],
+            [self.steps[i] for i in rows],
+            [self.ranks[i] for i in rows],
+            [self.world_sizes[i] for i in rows],
+            [self.local_ranks[i] for i in rows],
+            [self.weights[i] for i in rows],
+            [self.timestamps[i] for i in rows],
+            picked,
+            self.key_hi[index],
+            self.key_lo[index],
+            self.fingerprints[index],
+            self.key_seq[index],
+            self.key_n[index],
+        )
+
     def envelopes(self) -> list[Envelope]:
         key_hi, key_lo, prints, seq, n = (
             c.tolist()

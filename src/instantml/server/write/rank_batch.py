@@ -8,7 +8,7 @@ appends them to columns without building a dict or a write object per event.
 A batch that does not decode that way as a whole (a run's creation in it, a bad event)
 is split into its events, each decoded on its own; an event that still does not (any
 other route, an int where a float is expected, a bad field) goes to the general path in
-``write/validate.py``, which applies the same rules and names what is wrong. So both paths accept
+``validate.py``, which applies the same rules and names what is wrong. So both paths accept
 exactly the same events (``tests/server/test_ingest_fast.py`` holds them to that).
 """
 

@@ -25,6 +25,7 @@ from ...storage.records import (
     SCALAR,
     Keys,
     RunConflict,
+    RunRef,
     RunSpec,
     ScalarPoint,
     Slot,
@@ -265,13 +266,52 @@ class _Group:
             and self.stores.ledger.charge(org, self.month, int(counts.sum()), self._limit(org))
         )
         if not plain:
-            return [self._one(envelope) for envelope in write.envelopes()]
+            return self._each(write, runs, counts)
         self.points.add_events(write, runs, names, self.stores.runs.series_ids)
         self.touched.update((org, run_id) for run_id in runs)
         self.chunks.append(_Chunk(keys, write.fingerprints, counts))
         if uniform:  # one shared answer (nothing changes an Answer once given)
             return [answers.accepted(int(counts[0]))] * len(write)
         return [answers.accepted(c) for c in counts.tolist()]
+
+    def _each(
+        self, write: RankEvents, runs: dict[str, RunRef | None], counts: np.ndarray
+    ) -> list[Answer]:
+        """Each event decided on its own, in order, as a single request would be (a key
+        answered before is a replay; an unknown run; the month's limit), and the accepted
+        events' points written as columns."""
+        org = write.org_id
+        out: list[Answer] = []
+        accepted: list[int] = []
+        events = zip(
+            write.key_hi.tolist(), write.key_lo.tolist(), write.fingerprints.tolist(),
+            write.key_seq.tolist(), write.key_n.tolist(), write.run_ids, counts.tolist(),
+        )  # fmt: skip
+        for i, (hi, lo, fingerprint, seq, n, run_id, count) in enumerate(events):
+            slot = (org, hi, lo)
+            stored = self._stored(slot)
+            if stored is not None:
+                out.append(answers.replay(stored, fingerprint))
+                continue
+            if runs[run_id] is None:
+                out.append(answers.unknown_run(run_id))
+                continue
+            refused = self._charge(org, count)
+            if refused is not None:
+                out.append(refused)
+                continue
+            answer = answers.accepted(count)
+            stored = StoredAnswer(fingerprint, answer.status, answer.text())
+            self.seen[slot] = stored
+            self.recorded.append((slot, stored, (seq, n)))
+            accepted.append(i)
+            out.append(answer)
+        if accepted:
+            taken = write.take(accepted)
+            known = {run_id: runs[run_id] for run_id in set(taken.run_ids)}
+            self.points.add_events(taken, known, taken.names(), self.stores.runs.series_ids)
+            self.touched.update((org, run_id) for run_id in known)
+        return out
 
     def _all_new(self, keys: Keys) -> bool:
         if not self.known and not self.seen and not self.chunks:
