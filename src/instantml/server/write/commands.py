@@ -1,5 +1,5 @@
-"""The writes the write service applies: requests already validated (``write/validate.py``), each in
-an envelope with its Idempotency-Key (if any)."""
+"""The commands the write service applies: requests already validated (``validate.py``),
+each in an envelope with its Idempotency-Key (if any)."""
 
 from __future__ import annotations
 

@@ -81,7 +81,7 @@ def plain_batch(raw: bytes, org_id: int) -> tuple[list[str], RankEvents] | None:
     None when any is not; the route then takes the batch event by event.
 
     Pure (bytes in, columns out), so that it can run in a decoding process
-    (``write/decode_pool.py``): nothing it returns is tied to this process."""
+    (``decode_pool.py``): nothing it returns is tied to this process."""
     try:
         events = _BATCH.decode(raw).events
     except msgspec.DecodeError:
