@@ -1,6 +1,6 @@
 """The stores, by concern: what each keeps, and nothing about HTTP or the product's rules.
 
-The write service (``server/write/service.py``) holds the rules: it reads and writes through
+The write service (``server/write/group.py``) holds the rules: it reads and writes through
 these, inside one unit of work (``Stores.unit``): a transaction on the embedded store, the
 metadata database's transaction on a scale-out one (where points are written
 idempotently, so a unit that fails after them is safe to retry).
