@@ -28,7 +28,7 @@ class ServerSettings:
     data_dir: Path
     host: str = "127.0.0.1"
     port: int = 8765
-    # DESIGN.md "Storage": the metadata stores (orgs, keys, runs, the ledger) and the point
+    # docs/architecture.md: the metadata stores (orgs, keys, runs, the ledger) and the point
     # store; both default to the data dir's DuckDB file (one engine, one transaction).
     metadata_url_setting: str | None = None
     points_url_setting: str | None = None

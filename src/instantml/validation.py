@@ -141,10 +141,10 @@ EXACT_FLOAT_STEP = 2**53  # every integer below it is a float64 exactly
 
 
 def scalar_step(value: Any, field: str = "step") -> int | float:
-    """A scalar metric's step: any finite number >= 0 (DESIGN.md "Types"; the public SDK's
-    upload health scalars are logged at step = unix time, ``1764547200.25``). An integral
-    value is an int. Stored as a float64, so an integer step must be below 2**53 to be kept
-    exactly, and a larger one is refused rather than rounded."""
+    """A scalar metric's step: any finite number >= 0 (docs/reference.md, "HTTP API"; the
+    public SDK's upload health scalars are logged at step = unix time, ``1764547200.25``).
+    An integral value is an int. Stored as a float64, so an integer step must be below
+    2**53 to be kept exactly, and a larger one is refused rather than rounded."""
     if type(value) is not int and not _is_number(value):
         value = _unwrap(value)
         if not _is_number(value):

@@ -1,4 +1,4 @@
-"""The detectors' definitions (DESIGN.md, "Run health"), on hand-made windows, and the
+"""The detectors' definitions (docs/reference.md, "Run health"), on hand-made windows, and the
 thresholds' checks."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Run health under real timing (DESIGN.md, "Run health"): real multi-process jobs, each
+"""Run health under real timing (docs/reference.md, "Run health"): real multi-process jobs, each
 rank its own process started seconds apart, logging through the SDK as users do, with
 20-60 ms steps and per-batch noise on the loss, on the server's default thresholds.
 

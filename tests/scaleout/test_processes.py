@@ -1,4 +1,4 @@
-"""Every rule of the contract across server processes (DESIGN.md, "Storage"): three
+"""Every rule of the contract across server processes (docs/architecture.md): three
 ``instantml server`` processes on one PostgreSQL and one ClickHouse, as on three hosts."""
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""NaN and +-inf are data (DESIGN.md, "Non-finite values"): logged without an exception in
-every upload mode, sent as the body's ``nonfinite`` marks, stored per (key, step, rank),
-counted as metric points, and kept out of every reducer, score and heatmap cell."""
+"""NaN and +-inf are data (docs/reference.md, "The Distributed summary"): logged without an
+exception in every upload mode, sent as the body's ``nonfinite`` marks, stored per (key,
+step, rank), counted as metric points, and kept out of every reducer, score and heatmap
+cell."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Runs: create, attach by id, read, status, list; answer shapes as DESIGN.md gives them."""
+"""Runs: create, attach by id, read, status, list; answer shapes as docs/reference.md gives them."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Conformance: the PointStore (points, their per-step aggregates, summary reads), on every
-backend. Aggregates are held to the numpy reference of DESIGN.md through the same assembly
-the server answers with."""
+backend. Aggregates are held to the numpy reference of docs/reference.md through the same
+assembly the server answers with."""
 
 from __future__ import annotations
 

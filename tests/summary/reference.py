@@ -1,4 +1,4 @@
-"""A plain numpy reading of DESIGN.md's "The Distributed summary", point by point.
+"""A plain numpy reading of docs/reference.md's "The Distributed summary", point by point.
 
 Written from the definitions, independently of the server's SQL: the tests hold the
 server's answers to this.

@@ -1,4 +1,4 @@
-"""Coverage of a live run (DESIGN.md, "The Distributed summary"): ranks upload at
+"""Coverage of a live run (docs/reference.md, "The Distributed summary"): ranks upload at
 different moments, so a rank behind the others that sent points within ``lag_seconds`` is
 ``lagging``, not missing; one quiet that long is missing; once the run ends, what is
 absent is missing. In a zoomed range, a rank that left before it was "last seen" there."""

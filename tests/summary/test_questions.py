@@ -36,7 +36,7 @@ def test_one_stray_call_with_a_larger_world_size_lists_no_phantom_ranks(
         if not (r == 2 and s > 6)
     ]
     got = summary(api, ingest(api, writes))
-    assert got["world_size"] == 512  # the key's largest, as DESIGN.md defines it
+    assert got["world_size"] == 512  # the key's largest, as docs/reference.md defines it
     assert got["coverage"]["missing"] == [{"rank": 2, "last_seen_step": 6, "first_missing_step": 7}]
     # An elastic job that shrank from 8 to 4 ranks at step 5: the last step's world size.
     shrunk = [

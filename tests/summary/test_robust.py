@@ -1,4 +1,4 @@
-"""The robust score (DESIGN.md, "The Distributed summary"): ``robust_z`` with the MAD's
+"""The robust score (docs/reference.md, "The Distributed summary"): ``robust_z`` with the MAD's
 small-sample factor and the key's typical spread as its floor, as the stores and the
 detectors compute it (``step_stats``), held to the plain reading in ``reference.py``;
 scored in pieces (a store scores new steps after the ones it holds) it is the same; and

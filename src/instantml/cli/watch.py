@@ -1,5 +1,5 @@
 """``instantml watch RUN_ID``: a run's health alerts as they open and resolve, for job
-scripts and schedulers (DESIGN.md, "Run health").
+scripts and schedulers (docs/reference.md, "Run health").
 
 Exit codes: 3 when an alert of a ``--fail-on`` kind is open; 0 when the run finishes with
 none open; 1 when the run ends failed or crashed; 2 on ``--timeout`` or an error (no

@@ -1,4 +1,4 @@
-"""The run-health detectors (DESIGN.md, "Run health"), as pure functions over the recent
+"""The run-health detectors (docs/reference.md, "Run health"), as pure functions over the recent
 points of a run: what is wrong now, as findings. Opening an alert for a new finding and
 resolving one whose finding is gone is the monitor's (``monitor.py``).
 

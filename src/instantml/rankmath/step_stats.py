@@ -1,4 +1,4 @@
-"""The per-step reducers and per-point scores of DESIGN.md, over numpy columns: the one
+"""The per-step reducers and per-point scores (docs/reference.md), over numpy columns: the one
 implementation every point store uses, when it stages new steps and when it refreshes
 stale ones. The definitions:
 
@@ -15,9 +15,9 @@ stale ones. The definitions:
   ``0.7979 (v - p50) / mean_ad``, or 0 when that is 0 too. The steps given are taken as
   the key's steps in order, after ``history`` (the spreads of the qualifying steps before
   them, oldest first);
-- a NaN or +-inf value is a mark (DESIGN.md, "Non-finite values"): it counts in its step's
-  ``expected`` and ``nonfinite`` and nowhere else; it has no scores (NaN), and a step whose
-  values are all marks has ``n`` 0 and NaN reducers.
+- a NaN or +-inf value is a mark (docs/reference.md, "The Distributed summary"): it
+  counts in its step's ``expected`` and ``nonfinite`` and nowhere else; it has no scores
+  (NaN), and a step whose values are all marks has ``n`` 0 and NaN reducers.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Straggler scores (DESIGN.md, "Run health"), as NVIDIA's resiliency extension scores
+"""Straggler scores (docs/reference.md, "Run health"), as NVIDIA's resiliency extension scores
 them: for a timing key, each rank's median over the last ``window`` steps; the reference
 is the smallest median across ranks; a rank's score is ``reference / its median`` (1.0 for
 the fastest, 0.5 for a rank twice as slow), and a score below 0.75 is a straggler.

@@ -1,4 +1,4 @@
-"""Per-rank timing and system keys (DESIGN.md, "Integrations"): what a step cost this rank.
+"""Per-rank timing and system keys (docs/reference.md, "SDK"): what a step cost this rank.
 
 Host clocks only, and no GPU synchronisation of our own: under CUDA, a section's host time
 is what the host spent on it (launching kernels, waiting where the loop itself waits).

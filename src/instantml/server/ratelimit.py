@@ -1,4 +1,4 @@
-"""Short-term rate limits per API key (DESIGN.md, "Wire protocol"): a token bucket per key,
+"""Short-term rate limits per API key (docs/reference.md, "HTTP API"): a token bucket per key,
 ``rate`` requests a second with bursts of ``2 * rate``, so that one runaway client cannot
 starve the others. Over it: 429 with ``X-InstantML-RateLimit-Scope: second`` and
 ``Retry-After``; the SDKs' uploaders treat that as transient and retry after it.

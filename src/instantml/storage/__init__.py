@@ -1,4 +1,4 @@
-"""Storage by concern, chosen by two URLs (DESIGN.md, "Storage"): the metadata stores
+"""Storage by concern, chosen by two URLs (docs/architecture.md): the metadata stores
 (tenancy, runs, the ledger) and the point store.
 
 A registry maps each URL scheme to a factory; ``duckdb://`` (the embedded default) serves

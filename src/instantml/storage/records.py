@@ -252,7 +252,7 @@ def key_listing(rows: Iterable[Sequence[Any]]) -> list[dict[str, Any]]:
 
 @dataclass(slots=True)
 class AlertRecord:
-    """A run-health alert (DESIGN.md, "Run health"): open until ``resolved_at``."""
+    """A run-health alert (docs/reference.md, "Run health"): open until ``resolved_at``."""
 
     alert_id: str
     org_id: int

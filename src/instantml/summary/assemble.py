@@ -1,6 +1,6 @@
 """The Distributed summary's answer, assembled from the rows a point store read
 (``rankmath.rows.SummaryRows``): buckets, coverage and missing ranks, the heatmap's
-layout, the outlier rows and the per-rank rollup, as DESIGN.md defines them. Backend
+layout, the outlier rows and the per-rank rollup, as docs/reference.md defines them. Backend
 neutral: every point store returns the same rows."""
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def _floats(values: np.ndarray) -> list[float | None]:
 
 
 def _steps(stats: dict[str, np.ndarray], first: int, size: int) -> list[dict[str, Any]]:
-    """Step rows, bucketed when ``size`` > 1 (DESIGN.md: means of the steps' reducers, min
+    """Step rows, bucketed when ``size`` > 1 (docs/reference.md: means of the steps' reducers, min
     of mins, max of maxes, ``count`` and ``nonfinite`` of the least-covered step (fewest
     count + nonfinite, the earliest on ties: coverage never passes 100%), the marks summed
     as ``nonfinite_total``, max expected). A step with no finite value (only marks) has NaN

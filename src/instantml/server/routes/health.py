@@ -1,4 +1,4 @@
-"""Run health (DESIGN.md, "Run health"): a run's alerts, and the org's webhooks."""
+"""Run health (docs/reference.md, "Run health"): a run's alerts, and the org's webhooks."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Per-step aggregates of rank points in DuckDB: the ``step_stats`` rows (reducers per
 step), each point's scores (``delta``, ``z``, ``robust_z`` in ``rank_points``), and the
 helpers the point store stages with. Reducers and scores always come from
-:func:`instantml.rankmath.step_stats.step_stats`, the one implementation of DESIGN.md's
+:func:`instantml.rankmath.step_stats.step_stats`, the one implementation of docs/reference.md's
 definitions: there is no SQL twin of it."""
 
 from __future__ import annotations
