@@ -1,9 +1,9 @@
 """The dashboard: static files served by the server at ``/``, charts by plotly.js (nothing
 downloaded at run time, nothing built at install).
 
-plotly.js comes from the ``plotly`` wheel (the full bundle, ~1 s to load and run on a slow
+plotly.js comes from the ``plotly`` wheel (the full bundle, slow to load on a slow
 machine) unless ``INSTANTML_PLOTLY_JS`` names a lighter bundle, such as the npm package
-``plotly.js-cartesian-dist-min`` (every trace the dashboard draws, in half the time), which
+``plotly.js-cartesian-dist-min`` (every trace the dashboard draws, and less to load), which
 ``scripts/setup.sh`` installs when npm is there."""
 
 from __future__ import annotations

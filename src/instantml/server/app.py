@@ -64,7 +64,7 @@ def create_app(settings: ServerSettings, stores: Stores | None = None) -> FastAP
         # Everything alive now (modules, the app, caches) lives as long as the process: take
         # it out of the cyclic collector's reach. An ingest batch allocates tens of thousands
         # of containers, which triggers collections; a full one would otherwise walk this
-        # whole heap every few batches (measured: a third of instantml sync's throughput).
+        # whole heap every few batches, a large share of an upload's time.
         gc.freeze()
         try:
             yield

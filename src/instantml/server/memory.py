@@ -3,9 +3,8 @@
 Ingest and the summaries allocate and free numpy buffers of a few hundred KB to tens of MB
 from several threads. glibc's malloc keeps what is freed in its arenas (its mmap threshold
 rises to the largest buffer freed, so such buffers stop being mapped and unmapped), and
-what it keeps stays resident: measured in soak runs of 12-14 minutes (docs/reliability.md),
-the server's C heap held 60-275 MB free while 45-120 MB was in use, the free part growing
-with the run.
+what it keeps stays resident: in the soak runs (docs/reliability.md) the server's C heap
+held more free memory than it used, the free part growing with the run.
 ``malloc_trim(0)`` returns every whole free page (the arenas' insides too, since glibc
 2.8); a few ms each time, off the write path. Elsewhere (musl, macOS) this does nothing.
 """

@@ -3,7 +3,7 @@
 ``submit`` is one ``orjson.dumps`` and one ``os.write`` on an ``O_APPEND`` descriptor: when it
 returns, the line is in the kernel, so a SIGKILL afterwards loses nothing. ``fsync`` (which
 protects against a machine crash, not a process kill) follows the policy: ``"periodic"``
-(default: a background thread, once a second), ``"event"`` (every call; ~20x slower) or
+(default: a background thread, once a second), ``"event"`` (every call; far slower) or
 ``"none"``. A full disk or an unwritable spool never raises into training: lost events are
 counted and warned about once.
 """

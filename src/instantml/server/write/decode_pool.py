@@ -1,13 +1,12 @@
 """Large ``/api/ingest`` batches decoded in another process.
 
-A 10,000-event batch costs the server about 35 ms of Python to decode, check and hash
-(msgspec, then a pass per event). Done on the event loop, that work holds the GIL while
-the writer thread is committing the previous batch, and the writer, which lets go of the
-GIL at every DuckDB call and every large numpy operation, waits up to a switch interval
-to get it back each time: measured, a commit that takes 53 ms alone took 90-130 ms next
-to a decoding event loop (and 1.2-1.8 s next to a thread decoding without pause). In a
-decoding process the work runs beside the writer instead of against it, and what comes
-back is columns (int64 keys, a float64 value matrix, lists of numbers): cheap to pickle.
+Decoding, checking and hashing a large batch is Python work that holds the GIL. Done on
+the event loop, it runs while the writer thread commits the previous batch, and the
+writer, which lets go of the GIL at every DuckDB call and every large numpy operation,
+waits up to a switch interval to get it back each time, so its commits stretch (figures:
+docs/decisions.md, "Large ingest batches are decoded in another process"). In a decoding
+process the work runs beside the writer instead of against it, and what comes back is
+columns (int64 keys, a float64 value matrix, lists of numbers): cheap to pickle.
 
 Only batches of at least ``min_bytes`` go there (a small one costs less to decode than
 to send), only once the process is up (it starts on the first large batch, which is

@@ -32,9 +32,9 @@ MAX_KEY_LENGTH = MAX_EVENT_ID
 _TWO_INT64 = struct.Struct(">qq").unpack
 _INT64 = struct.Struct(">q").unpack
 
-# XXH3 rather than a cryptographic hash: ~0.1 us against ~0.8 us for blake2b, on every
-# event. Keys are scoped by org, so a client that crafted a collision would only collide
-# with its own keys.
+# XXH3 rather than a cryptographic hash: it runs on every event, and several times faster
+# than blake2b. Keys are scoped by org, so a client that crafted a collision would only
+# collide with its own keys.
 
 
 def key_hash(key: str) -> tuple[int, int]:

@@ -6,9 +6,8 @@ A table per level, because of how a summary reads them: a heatmap's cover takes 
 blocks of each level from every bucket, spread over the whole run, so no zone map skips
 a row group of a table that holds every level. In a level's own table, rows sit in the
 order they were built (by step), and the read of that level's starts (a semi-join on
-them) skips most of the rest. On a synthetic store of 3 keys x 512 ranks, a 200-bucket
-cover's read took 39 ms at 15,000 steps and 127 ms at 120,000 from one table, 38 and
-72 ms from a table per level (docs/decisions.md).
+them) skips most of the rest, so a long run's cover reads far less (figures:
+docs/benchmarks.md, "Summaries from block aggregates").
 
 Blocks are derived data: a write marks the level-1 blocks of the steps it touched
 (``stale_blocks``, in the same unit as the points), and ``recompute`` rebuilds those and

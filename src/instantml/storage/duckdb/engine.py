@@ -32,9 +32,7 @@ MEMORY_LIMIT_ENV = "INSTANTML_DUCKDB_MEMORY_LIMIT"
 DEFAULT_MEMORY_LIMIT = "1GB"
 # DuckDB checkpoints (moves the write-ahead log's changes into the database file) inside
 # the COMMIT that takes the log past its threshold, so the write that happens to cross it
-# waits for the whole checkpoint, and a checkpoint's cost grows with the database (the
-# same 180,000 appended rows: 34 ms into a table of 200,000 rows, 70 ms into one of 80M;
-# 143 ms for a soak's units on a new store, 178 ms at 110,000 steps of 512 ranks). The
+# waits for the whole checkpoint, and a checkpoint's cost grows with the database. The
 # server's writer checkpoints in its idle moments instead, once the log passes
 # IDLE_CHECKPOINT_BYTES (DuckDB's own default threshold); DuckDB's threshold is raised to
 # CHECKPOINT_BACKSTOP, for a writer that is never idle.
@@ -145,9 +143,9 @@ class Engine:
     def frame(self, name: str, frame: dict[str, np.ndarray]) -> Iterator[tuple[str, list[Any]]]:
         """A table expression over numpy columns, for ``INSERT ... SELECT ... FROM <it>``.
 
-        DuckDB pays ~2 ms to scan a registered numpy frame whatever its size, and far less
-        for a parameterised VALUES list of a few rows: small frames (one request) go as
-        VALUES, large ones (an ingest batch) as the registered frame.
+        Scanning a registered numpy frame has a fixed cost whatever its size, far more than
+        a parameterised VALUES list of a few rows: small frames (one request) go as VALUES,
+        large ones (an ingest batch) as the registered frame.
         """
         names = list(frame)
         size = len(frame[names[0]])

@@ -28,8 +28,8 @@ from .upload_marks import UploadMarks
 # its other keys (keyfilter.py; made only for a partition that has some, or whose keys
 # make more than RANGE_LIMIT ranges: it then takes those). Only the newest is written,
 # and only it has an index (on key_hi). One table of every retained key, indexed, cost more
-# at each checkpoint as keys accumulated (DuckDB rewrites a changed table's index: a write's
-# p99 went from 116 to 409 ms between 2M and 10M keys, measured), and DuckDB keeps an
+# at each checkpoint as keys accumulated (DuckDB rewrites a changed table's index, so a
+# write's tail latency grew with the keys retained), and DuckDB keeps an
 # index's pages in memory once read (the soak's server grew by the index's size until the
 # cache cap refused queries). So a partition's index is dropped when the next one begins:
 # a key its ranges or filter may hold (a retry's, nearly always in the newest) is looked for
