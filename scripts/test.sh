@@ -29,8 +29,8 @@ if [ ! -x .venv-public/bin/python ]; then
 fi
 .venv-public/bin/python -m pip install --quiet "instantml==0.1.1"
 export INSTANTML_PUBLIC_SDK_PYTHON="$PWD/.venv-public/bin/python"
-.venv/bin/ruff check src tests bench
-.venv/bin/ruff format --check src tests bench
+.venv/bin/ruff check src tests bench examples
+.venv/bin/ruff format --check src tests bench examples
 .venv/bin/mypy
 status=0
 .venv/bin/python -m pytest "$@" || status=$?
