@@ -3,10 +3,9 @@
 Decoding, checking and hashing a large batch is Python work that holds the GIL. Done on
 the event loop, it runs while the writer thread commits the previous batch, and the
 writer, which lets go of the GIL at every DuckDB call and every large numpy operation,
-waits up to a switch interval to get it back each time, so its commits stretch (figures:
-docs/decisions.md, "Large ingest batches are decoded in another process"). In a decoding
-process the work runs beside the writer instead of against it, and what comes back is
-columns (int64 keys, a float64 value matrix, lists of numbers): cheap to pickle.
+waits up to a switch interval to get it back each time, so its commits stretch. In a
+decoding process the work runs beside the writer instead of against it, and what comes
+back is columns (int64 keys, a float64 value matrix, lists of numbers): cheap to pickle.
 
 Only batches of at least ``min_bytes`` go there (a small one costs less to decode than
 to send), only once the process is up (it starts on the first large batch, which is

@@ -4,7 +4,7 @@ is one transaction over a write, its Idempotency-Key answer and its usage charge
 Each concern is its own module (``tenancy``, ``ledger``, ``points``, ``health``, with
 ``engine`` beneath them, ``schema`` its metadata tables by version; runs are
 ``storage/runs_sql.py``, shared with PostgreSQL); what each keeps in process memory, and why that is safe only
-while one process owns the file, is listed in docs/decisions.md.
+while one process owns the file, is listed in docs/architecture.md.
 """
 
 from __future__ import annotations

@@ -6,8 +6,7 @@ A table per level, because of how a summary reads them: a heatmap's cover takes 
 blocks of each level from every bucket, spread over the whole run, so no zone map skips
 a row group of a table that holds every level. In a level's own table, rows sit in the
 order they were built (by step), and the read of that level's starts (a semi-join on
-them) skips most of the rest, so a long run's cover reads far less (figures:
-docs/decisions.md, "The Distributed summary").
+them) skips most of the rest, so a long run's cover reads far less.
 
 Blocks are derived data: a write marks the level-1 blocks of the steps it touched
 (``stale_blocks``, in the same unit as the points), and ``recompute`` rebuilds those and

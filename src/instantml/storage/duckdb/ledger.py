@@ -1,6 +1,6 @@
 """Idempotency-Key claims and answers, and usage, in DuckDB.
 
-Process-local, and safe only because one process owns the file (docs/decisions.md): the
+Process-local, and safe only because one process owns the file (docs/architecture.md): the
 in-flight claims (a set), what every stored key is known by in memory (so a new key, nearly
 every key, needs no lookup: ranges of n for keys ``<prefix>-<n>``, a Bloom filter for any
 other), and each org's count of this month's points (the usage table is append-only and

@@ -1,5 +1,5 @@
 """Ordered uploads' completed batches, in memory: one process sees every batch of the
-embedded store, as it sees every claim (docs/decisions.md, "Process-local state")."""
+embedded store, as it sees every claim (docs/architecture.md, "State a server process keeps in memory")."""
 
 from __future__ import annotations
 
