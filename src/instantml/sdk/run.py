@@ -315,8 +315,9 @@ def init(
     ``spool_fsync``: ``"periodic"`` (default, once a second), ``"event"`` or ``"none"``.
     ``transport``: an httpx transport for the sync and async modes to send through (an
     ``httpx.ASGITransport`` in tests, a proxy, a fault injector); default: the network.
-    ``health``: this run's run-health thresholds over the server's (README, "Run health"),
-    e.g. ``{"missing_steps": 5, "straggler_score": 0.6}``; kept as ``health/*`` attributes.
+    ``health``: this run's run-health thresholds over the server's (docs/reference.md,
+    "Run health"), e.g. ``{"missing_steps": 5, "straggler_score": 0.6}``; kept as
+    ``health/*`` attributes.
     """
     if upload_mode not in UPLOAD_MODES:
         raise ValueError(
