@@ -21,7 +21,7 @@ from pathlib import Path
 from playwright.sync_api import sync_playwright
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_summary import KEY, RUN, load_sql
+from bench_summary import KEY, RUN, load_store
 from instantml.server.process import ServerProcess
 
 ARGS = [
@@ -43,7 +43,7 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
-        load_sql(data, args.steps)
+        load_store(data, args.steps)
         with ServerProcess(data, env={"HOME": tmp}) as server, sync_playwright() as p:
             browser = p.chromium.launch(executable_path=args.chromium, args=ARGS)
             context = browser.new_context(viewport={"width": 1400, "height": 1600})
