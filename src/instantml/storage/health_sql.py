@@ -19,8 +19,7 @@ from typing import Any
 import orjson
 
 from .records import AlertRecord, Delivery, WebhookRecord
-
-Execute = Callable[[str, Sequence[Any]], list[tuple[Any, ...]]]
+from .sql import Execute
 
 ALERT_COLUMNS = (
     "alert_id, org_id, run_id, kind, rank, key, since_step, since_time, message,"

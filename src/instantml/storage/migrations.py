@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 
-from .health_sql import Execute
 from .records import StorageError
+from .sql import Execute
 
 # DDL text (statements separated by ";", none of which holds one), or a step that needs
 # to look at the database first (a sequence that starts after the ids already used).

@@ -14,8 +14,8 @@ import time
 from contextlib import AbstractContextManager
 from typing import Any
 
-from .health_sql import Execute
 from .records import ApiKeyRecord, key_listing
+from .sql import Execute
 
 
 class SqlTenancy:

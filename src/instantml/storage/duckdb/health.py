@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-from ..health_sql import Execute, SqlHealth
+from ..health_sql import SqlHealth
+from ..sql import Execute
 from .engine import Engine
 
 

@@ -10,8 +10,8 @@ store's and the ledger's own (``point_tables.py``, ``block_tables.py``, ``ledger
 
 from __future__ import annotations
 
-from ..health_sql import Execute
 from ..migrations import Migration, migrate
+from ..sql import Execute
 from .engine import Engine
 
 _VERSION_1 = """

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ..health_sql import Execute
+from ..sql import Execute
 from ..tenancy_sql import SqlTenancy
 from .engine import Engine
 

@@ -19,9 +19,9 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from .. import safe_url
-from ..health_sql import Execute
 from ..migrations import migrate
 from ..records import StorageError
+from ..sql import Execute
 from ..unit import Participant, Units
 from .schema import MIGRATIONS
 

@@ -9,7 +9,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from ..health_sql import Execute, SqlHealth
+from ..health_sql import SqlHealth
+from ..sql import Execute
 from .engine import PgEngine, unavailable_is_storage_error
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from typing import Any
 
-from ..health_sql import Execute
+from ..sql import Execute
 from ..tenancy_sql import SqlTenancy
 from .engine import PgEngine, storable
 
