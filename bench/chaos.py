@@ -237,9 +237,11 @@ def _verify(
     with httpx.Client(base_url=server.url, headers=headers, timeout=120) as api:
         stored_by_key = {}
         for key in KEYS:
-            points = api.get(f"/api/runs/{run_id}/rank-points", params={"metric": key}).json()
-            stored_by_key[key] = {(p[0], p[1]): p[2] for p in points["points"]}
-            if len(points["points"]) != len(stored_by_key[key]):
+            body = api.get(f"/api/runs/{run_id}/rank-points", params={"metric": key}).json()
+            value = body["columns"].index("value")
+            points = body["points"]
+            stored_by_key[key] = {(p[0], p[1]): p[value] for p in points}
+            if len(points) != len(stored_by_key[key]):
                 report.problems.append(f"{key}: a (step, rank) stored twice")
         loss = stored_by_key["loss"]
         report.stored = len(loss)

@@ -26,13 +26,34 @@ def rank_body(**overrides: object) -> dict[str, object]:
     return body
 
 
+RANK_ROW = ("step", "rank", "value", "weight", "local_rank", "world_size")
+
+
 def stored_rank_points(api: httpx.Client, run_id: str, key: str) -> list[list[object]]:
-    """Every stored rank point of a key ([] when the key has none)."""
+    """Every stored rank point of a key ([] when the key has none), as
+    ``[step, rank, value, weight, local_rank, world_size]`` (a non-finite value as its
+    mark), read from the JSON export's named columns."""
     response = api.get(f"/api/runs/{run_id}/rank-points", params={"metric": key})
     if response.status_code == 404:
         return []
     assert response.status_code == 200, response.text
-    return response.json()["points"]  # type: ignore[no-any-return]
+    body = response.json()
+    at = [body["columns"].index(name) for name in RANK_ROW]
+    return [[row[i] for i in at] for row in body["points"]]
+
+
+def stored_scalars(api: httpx.Client, run_id: str, key: str) -> dict[str, list[list[object]]]:
+    """A scalar key's stored points: ``points`` (finite) as ``[step, value]`` and
+    ``nonfinite`` as ``[step, mark]``, read from the JSON export."""
+    response = api.get(f"/api/runs/{run_id}/metrics", params={"key": key})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["columns"] == ["step", "value", "timestamp"]
+    rows = [[step, value] for step, value, _ in body["points"]]
+    return {
+        "points": [r for r in rows if not isinstance(r[1], str)],
+        "nonfinite": [r for r in rows if isinstance(r[1], str)],
+    }
 
 
 def stored_keys(api: httpx.Client, run_id: str) -> list[dict[str, object]]:

@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 
 from instantml.server.process import ServerProcess
+from tests.helpers import stored_rank_points
 from tests.integrations.conftest import HERE, needs, only_run, ranks_of, run_job
 
 SLOW = 2
@@ -27,8 +28,8 @@ def test_every_rank_logs_into_one_run_and_the_slow_one_is_flagged(
                 "system/cpu_rss_mb"):  # fmt: skip
         assert ranks_of(api, run_id, key) == {0, 1, 2, 3}, key
     # Each rank's own loss, not the mean: four different series.
-    loss = api.get(f"/api/runs/{run_id}/rank-points", params={"metric": "train/loss"}).json()
-    by_rank = {r: [p[2] for p in loss["points"] if p[1] == r] for r in range(4)}
+    loss = stored_rank_points(api, run_id, "train/loss")
+    by_rank = {r: [p[2] for p in loss if p[1] == r] for r in range(4)}
     assert len({tuple(v) for v in by_rank.values()}) == 4
     forward = api.get(f"/api/runs/{run_id}/stragglers", params={"key": "perf/forward_ms"}).json()
     assert forward["stragglers"] == [SLOW], forward

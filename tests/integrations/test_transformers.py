@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from instantml.server.process import ServerProcess, free_port
+from tests.helpers import stored_rank_points
 from tests.integrations.conftest import HERE, needs, only_run, ranks_of, run_job
 
 
@@ -38,10 +39,10 @@ def test_each_rank_logs_its_own_loss_into_one_run(
     assert run["status"] == "finished" and run["world_size"] == 2
     for key in ("train/loss", "perf/step_time_ms", "perf/forward_ms", "system/cpu_rss_mb"):
         assert ranks_of(api, run_id, key) == {0, 1}, key
-    points = api.get(f"/api/runs/{run_id}/rank-points", params={"metric": "train/loss"}).json()
-    steps = sorted({p[0] for p in points["points"]})
+    points = stored_rank_points(api, run_id, "train/loss")
+    steps = sorted({p[0] for p in points})
     assert steps == [2, 4, 6, 8]  # every logging_steps optimizer steps
-    by_rank = {r: [p[2] for p in points["points"] if p[1] == r] for r in (0, 1)}
+    by_rank = {r: [p[2] for p in points if p[1] == r] for r in (0, 1)}
     assert by_rank[0] != by_rank[1]  # each rank's own batches, not the Trainer's mean
     keys = {k["key"]: k["kind"] for k in api.get(f"/api/runs/{run_id}/keys").json()["keys"]}
     assert keys.get("loss") == "scalar"  # rank 0's copy of the Trainer's own logs

@@ -16,6 +16,7 @@ import pytest
 
 from instantml.server.process import ServerProcess, StartFailed
 from tests.conftest import STORES
+from tests.helpers import stored_rank_points
 from tests.summary.compare import assert_matches
 from tests.summary.reference import Point, reference
 
@@ -44,10 +45,8 @@ def _batch(run_id: str, steps: range, tag: str) -> dict[str, Any]:
 
 
 def _stored(api: httpx.Client, run_id: str) -> dict[tuple[int, int], float]:
-    points = api.get(f"/api/runs/{run_id}/rank-points", params={"metric": "loss"})
-    if points.status_code == 404:  # the run itself was in what was lost
-        return {}
-    return {(p[0], p[1]): p[2] for p in points.json()["points"]}
+    # [] when the run itself was in what was lost
+    return {(p[0], p[1]): p[2] for p in stored_rank_points(api, run_id, "loss")}  # type: ignore[misc]
 
 
 def _api(server: ServerProcess) -> httpx.Client:

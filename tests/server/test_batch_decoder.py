@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from instantml.server.process import ServerProcess
+from tests.helpers import stored_rank_points
 
 OFFLOAD_ALL = {"INSTANTML_DECODE_PROCESSES": "1", "INSTANTML_DECODE_MIN_BYTES": "0"}
 
@@ -119,8 +120,8 @@ def test_batches_decoded_in_a_process_are_answered_and_stored_alike(
         survivors = _decoders(server)
         assert survivors
 
-        points = api.get(f"/api/runs/{run}/rank-points", params={"metric": "loss"}).json()
-        stored = {(step, rank): value for step, rank, value, *_ in points["points"]}
+        points = stored_rank_points(api, run, "loss")
+        stored = {(step, rank): value for step, rank, value, *_ in points}
         assert stored == {(i // 4, i % 4): i / 7 for i in range(sent)}
     server.stop()
     assert not any(Path(f"/proc/{pid}").exists() for pid in survivors)

@@ -10,7 +10,7 @@ import uuid
 import httpx
 
 from instantml.server.process import ServerProcess
-from tests.helpers import rank_body, stored_rank_points
+from tests.helpers import rank_body, stored_rank_points, stored_scalars
 
 
 def _key() -> dict[str, str]:
@@ -112,9 +112,7 @@ def test_concurrent_repeats_write_once(
     assert statuses.count(200) >= 1
     assert all(r.json() == {"accepted": 1} for r in responses if r.status_code == 200)
     assert all("Idempotency-Key" in r.json()["error"] for r in responses if r.status_code == 409)
-    assert api.get(f"/api/runs/{run_id}/metrics", params={"metric": "c"}).json()["points"] == [
-        [1, 1.0]
-    ]
+    assert stored_scalars(api, run_id, "c")["points"] == [[1, 1.0]]
 
 
 def test_writers_keys_are_the_same_keys_on_every_route(api: httpx.Client, run_id: str) -> None:

@@ -18,7 +18,7 @@ import pytest
 
 import instantml as im
 from instantml.server.process import ServerProcess
-from tests.helpers import admin_client, rank_body, stored_keys, stored_rank_points
+from tests.helpers import admin_client, rank_body, stored_keys, stored_rank_points, stored_scalars
 from tests.spool.conftest import sync
 from tests.summary.test_reference import summary
 
@@ -67,10 +67,9 @@ def test_every_mode_logs_nonfinite_values_as_marks(
         marks = {(p[0], p[1]): p[2] for p in points if isinstance(p[2], str)}
         assert marks == {(3, 2): "nan", (4, 2): "inf", (5, 2): "-inf"}
         assert len(stored_rank_points(api, run_id, "grad")) == 24
-        scalar = api.get(f"/api/runs/{run_id}/metrics", params={"metric": "eval/loss"}).json()
+        scalar = stored_scalars(api, run_id, "eval/loss")
         assert scalar["points"] == [] and scalar["nonfinite"] == [[5, "nan"]]
-        acc = api.get(f"/api/runs/{run_id}/metrics", params={"metric": "eval/acc"}).json()
-        assert acc["points"] == [[5, 0.5]]
+        assert stored_scalars(api, run_id, "eval/acc")["points"] == [[5, 0.5]]
         got = summary(api, run_id, key="loss")
     assert got["first_nonfinite"] == {"step": 3, "rank": 2, "value": "nan"}
     assert [s["nonfinite"] for s in got["steps"]] == [0, 0, 0, 1, 1, 1]

@@ -12,6 +12,7 @@ import httpx
 import instantml as im
 from instantml.server.process import ServerProcess
 from instantml.spool.uploader import Uploader
+from tests.helpers import stored_rank_points
 
 
 def test_pipelined_batches_keep_each_segment_in_order(
@@ -31,7 +32,7 @@ def test_pipelined_batches_keep_each_segment_in_order(
     with Uploader(spool, server.url, server.admin_key, batch_events=4, pipeline=2) as uploader:
         stats = uploader.run()
     assert (stats.delivered, stats.replayed, stats.dead_lettered) == (2 * (1 + 30 + 10 + 1), 0, 0)
-    points = api.get(f"/api/runs/{run_id}/rank-points", params={"metric": "loss"}).json()["points"]
+    points = stored_rank_points(api, run_id, "loss")
     values = {(step, rank): value for step, rank, value, *_ in points}
     assert len(points) == len(values) == 60
     for rank in range(2):

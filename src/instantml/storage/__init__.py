@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from .export import ExportTables
 from .protocols import HealthStore, Ledger, PointStore, Runs, Stores, Tenancy
 
 
@@ -30,6 +31,7 @@ class Metadata:
 @dataclass
 class Points:
     points: PointStore
+    export: ExportTables
     unit: Callable[[], AbstractContextManager[None]]
     close: Callable[[], None]
 
@@ -62,9 +64,10 @@ def _duckdb_metadata(url: str, engines: _Engines) -> Metadata:
 
 def _duckdb_points(url: str, engines: _Engines) -> Points:
     from .duckdb import DuckDBPoints
+    from .duckdb.export_tables import DuckDBExportTables
 
     engine = _duckdb_engine(url, engines)
-    return Points(DuckDBPoints(engine), engine.unit, engine.close)
+    return Points(DuckDBPoints(engine), DuckDBExportTables(engine), engine.unit, engine.close)
 
 
 @contextmanager
@@ -101,8 +104,9 @@ METADATA_BACKENDS: dict[str, Callable[[str, _Engines], Metadata]] = {
 def _clickhouse_points(url: str, engines: _Engines) -> Points:
     with _extra("clickhouse", url):
         from .clickhouse import ChEngine, ChPoints
+        from .clickhouse.export_tables import ChExportTables
     engine = ChEngine(url)
-    return Points(ChPoints(engine), engine.unit, engine.close)
+    return Points(ChPoints(engine), ChExportTables(engine), engine.unit, engine.close)
 
 
 POINT_BACKENDS: dict[str, Callable[[str, _Engines], Points]] = {
@@ -157,8 +161,8 @@ def open_stores(metadata_url: str, points_url: str | None = None) -> Stores:
                 engine.checkpoint()
 
     return Stores(
-        metadata.tenancy, metadata.runs, metadata.ledger, points.points, unit, close,
-        metadata.health, checkpoint_due, checkpoint,
+        metadata.tenancy, metadata.runs, metadata.ledger, points.points, points.export, unit,
+        close, metadata.health, checkpoint_due, checkpoint,
     )  # fmt: skip
 
 

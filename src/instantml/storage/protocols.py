@@ -36,6 +36,7 @@ from .records import (
 if TYPE_CHECKING:
     from ..rankmath.params import SummaryParams
     from ..rankmath.rows import SummaryRows
+    from .export import ExportTables
     from .querier import Reading
 
 
@@ -327,6 +328,7 @@ class Stores:
     runs: Runs
     ledger: Ledger
     points: PointStore
+    export: ExportTables  # a series' points out as Arrow tables (``export.py``)
     unit: Callable[[], AbstractContextManager[None]]
     close: Callable[[], None]
     health: HealthStore

@@ -259,6 +259,15 @@ const HEALTH_ROWS = [
 const LAG_WARN_SECONDS = 60;
 const CONSOLE_LINES = 500;  // the run page shows the last lines; the API gives more
 
+// One scalar key: its finite points as [step, value] and its non-finite marks as
+// [step, "nan" | "inf" | "-inf"] (the API gives [step, value or mark, timestamp] rows).
+async function scalarSeries(run, k) {
+  const s = await api(`/api/runs/${encodeURIComponent(run.id)}/metrics?key=${encodeURIComponent(k)}`);
+  const points = s.points.filter((p) => typeof p[1] === "number").map((p) => [p[0], p[1]]);
+  const nonfinite = s.points.filter((p) => typeof p[1] === "string").map((p) => [p[0], p[1]]);
+  return { key: s.key, points, nonfinite };
+}
+
 async function showOverview(run, scalarKeys, body) {
   body.append(el("div", { class: "card" }, el("h3", { text: "Config" }), el("pre", { id: "config", text: JSON.stringify(run.config, null, 2) })));
   const healthKeys = scalarKeys.filter((k) => k.startsWith(HEALTH_PREFIX));
@@ -266,8 +275,7 @@ async function showOverview(run, scalarKeys, body) {
   if (healthKeys.length) body.append(await uploadHealth(run, healthKeys));
   const charts = el("div", { class: "grid2" });
   body.append(charts);
-  const series = await Promise.all(scalarKeys.map((k) =>
-    api(`/api/runs/${encodeURIComponent(run.id)}/metrics?key=${encodeURIComponent(k)}`)));
+  const series = await Promise.all(scalarKeys.map((k) => scalarSeries(run, k)));
   await plotlyReady;
   // A scalar logged once (a run's total_flos, train_runtime...) is a value, not a chart.
   const single = series.filter((s) => s.points.length + s.nonfinite.length === 1);
@@ -303,8 +311,7 @@ async function showOverview(run, scalarKeys, body) {
 
 // A small panel: the uploader's latest health report, and a warning when it falls behind.
 async function uploadHealth(run, healthKeys) {
-  const series = await Promise.all(healthKeys.map((k) =>
-    api(`/api/runs/${encodeURIComponent(run.id)}/metrics?key=${encodeURIComponent(k)}`)));
+  const series = await Promise.all(healthKeys.map((k) => scalarSeries(run, k)));
   const latest = {};
   let at = null;
   series.forEach((s) => {

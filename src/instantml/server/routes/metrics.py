@@ -3,17 +3,19 @@ writes are write routes: ``routes/writes.py``)."""
 
 from __future__ import annotations
 
-import math
+import re
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from ...storage import export
 from ...storage.protocols import Stores
 from ...storage.records import RANK, SCALAR, ApiKeyRecord
-from ...validation import mark_of
 from ..context import require, services
 from ..errors import ApiError
+from ..export import MEDIA_TYPES, RANK_SCHEMA, SCALAR_SCHEMA, Format, stream, with_nodes
 from ..keyquery import KeyName, required
 from ..responses import JSONResponse
 from ..write import validate
@@ -81,39 +83,79 @@ def _series(stores: Stores, org_id: int, run_id: str) -> list[dict[str, Any]] | 
     return listed
 
 
-def _points(stores: Stores, org_id: int, run_id: str, kind: int, metric: str) -> list[Any] | None:
-    sid = stores.runs.series_id(org_id, run_id, kind, metric)
+def _download(
+    request: Request,
+    key: ApiKeyRecord,
+    run_id: str,
+    kind: int,
+    metric: str,
+    fmt: Format,
+    bounds: tuple[float | None, float | None],
+) -> StreamingResponse:
+    """A series' points as ``fmt``, streamed window by window (``server/export.py``)."""
+    lo, hi = bounds
+    if lo is not None and hi is not None and lo > hi:
+        raise ApiError(422, f"step_min: {lo} is greater than step_max {hi}")
+    stores = services(request).stores
+    sid = stores.runs.series_id(key.org_id, run_id, kind, metric)
     if sid is None:
-        return None
-    return (stores.points.rank_points if kind == RANK else stores.points.scalar_points)(sid)
+        what = "rank metric" if kind == RANK else "metric"
+        raise ApiError(404, f"{what} {metric!r} of run {run_id!r} not found")
+    tables = export.tables(stores.export, kind, sid, lo, hi)
+    if kind == RANK:
+        schema = RANK_SCHEMA
+        tables = (with_nodes(t, {}) for t in tables)
+    else:
+        schema = SCALAR_SCHEMA
+    head = {"run_id": run_id, "key": metric}
+    headers = {}
+    if fmt != "json":
+        name = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{run_id}-{metric}")
+        headers["Content-Disposition"] = f'attachment; filename="{name}.{fmt}"'
+    return StreamingResponse(
+        stream(tables, schema, fmt, head), media_type=MEDIA_TYPES[fmt], headers=headers
+    )
+
+
+FormatQuery = Annotated[
+    Format, Query(description="json (default), csv, parquet or arrow (an IPC stream)")
+]
 
 
 @router.get("/api/runs/{run_id}/metrics")
 async def scalar_series(
-    request: Request, run_id: str, key: Read, name: KeyName = None
-) -> dict[str, Any]:
-    """One scalar series: ``points`` as ``[step, value]`` pairs (finite values), and
-    ``nonfinite`` as ``[step, "nan" | "inf" | "-inf"]`` pairs."""
+    request: Request,
+    run_id: str,
+    key: Read,
+    name: KeyName = None,
+    format: FormatQuery = "json",
+    step_min: Annotated[float | None, Query(ge=0)] = None,
+    step_max: Annotated[float | None, Query(ge=0)] = None,
+) -> StreamingResponse:
+    """Every stored point of one scalar key: columns ``step, value, timestamp``; in JSON
+    ``{run_id, key, columns, points}`` with a non-finite value as its mark (``"nan"``,
+    ``"inf"``, ``"-inf"``), in CSV, Parquet and Arrow as NaN or +-inf."""
     metric = required(name)
-    stores = services(request).stores
-    points = await run_in_threadpool(_points, stores, key.org_id, run_id, SCALAR, metric)
-    if points is None:
-        raise ApiError(404, f"metric {metric!r} of run {run_id!r} not found")
-    finite = [p for p in points if math.isfinite(p[1])]
-    marks = [[s, mark_of(v)] for s, v in points if not math.isfinite(v)]
-    return {"run_id": run_id, "key": metric, "points": finite, "nonfinite": marks}
+    return await run_in_threadpool(
+        _download, request, key, run_id, SCALAR, metric, format, (step_min, step_max)
+    )
 
 
 @router.get("/api/runs/{run_id}/rank-points")
 async def rank_series(
-    request: Request, run_id: str, key: Read, name: KeyName = None
-) -> dict[str, Any]:
-    """Every stored rank point of one key: ``[step, rank, value, weight, local_rank,
-    world_size]``; a non-finite value as its mark, ``"nan"``, ``"inf"`` or ``"-inf"``."""
+    request: Request,
+    run_id: str,
+    key: Read,
+    name: KeyName = None,
+    format: FormatQuery = "json",
+    step_min: Annotated[int | None, Query(ge=0)] = None,
+    step_max: Annotated[int | None, Query(ge=0)] = None,
+) -> StreamingResponse:
+    """Every stored point of one rank key, by step then rank: columns ``step, rank,
+    local_rank, node, value, weight, world_size``; in JSON ``{run_id, key, columns,
+    points}`` with a non-finite value as its mark, in CSV, Parquet and Arrow as NaN or
+    +-inf. Streamed: a run of any length leaves the server in bounded memory."""
     metric = required(name)
-    stores = services(request).stores
-    points = await run_in_threadpool(_points, stores, key.org_id, run_id, RANK, metric)
-    if points is None:
-        raise ApiError(404, f"rank metric {metric!r} of run {run_id!r} not found")
-    shown = [p if math.isfinite(p[2]) else (p[0], p[1], mark_of(p[2]), *p[3:]) for p in points]
-    return {"run_id": run_id, "key": metric, "points": shown}
+    return await run_in_threadpool(
+        _download, request, key, run_id, RANK, metric, format, (step_min, step_max)
+    )
