@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 
@@ -110,3 +111,28 @@ def hung_peer() -> Iterator[str]:
         for conn in held:
             conn.close()
         sock.close()
+
+
+def store_rank_rows(stores: Any, series_id: int) -> list[tuple[Any, ...]]:
+    """A series' rank points as the store exports them, as ``(step, rank, value, weight,
+    local_rank, world_size)`` tuples by step then rank."""
+    from instantml.storage import export
+    from instantml.storage.records import RANK
+
+    rows: list[tuple[Any, ...]] = []
+    for table in export.tables(stores.export, RANK, series_id, None, None):
+        columns = [table.column(n).to_pylist() for n in ("step", "rank", "value", "weight")]
+        columns += [table.column(n).to_pylist() for n in ("local_rank", "world_size")]
+        rows.extend(zip(*columns))
+    return rows
+
+
+def store_scalar_rows(stores: Any, series_id: int) -> list[tuple[float, float]]:
+    """A series' scalar points as the store exports them: ``(step, value)`` by step."""
+    from instantml.storage import export
+    from instantml.storage.records import SCALAR
+
+    rows: list[tuple[float, float]] = []
+    for table in export.tables(stores.export, SCALAR, series_id, None, None):
+        rows.extend(zip(table.column("step").to_pylist(), table.column("value").to_pylist()))
+    return rows

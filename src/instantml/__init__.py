@@ -4,9 +4,11 @@ import instantml as im
 run = im.init(project="distributed-job")
 run.log_rank_metrics({"train/loss": 0.12}, step=100, rank=0, world_size=8)
 run.finish()
+
+rows = im.Api().rank_points(run.run_id, "train/loss")  # a pandas DataFrame
 """
 
 from ._version import __version__
-from .sdk import InstantMLError, Run, init
+from .sdk import Api, InstantMLError, Run, init
 
-__all__ = ["InstantMLError", "Run", "__version__", "init"]
+__all__ = ["Api", "InstantMLError", "Run", "__version__", "init"]

@@ -53,6 +53,11 @@ class ServerSettings:
     # Where users reach the dashboard (INSTANTML_PUBLIC_URL), for the links in webhook
     # posts; None: the server's own address.
     public_url_setting: str | None = None
+    # Runs not written for this many days are deleted (INSTANTML_RETENTION_DAYS; a
+    # project's own setting wins); None: kept for ever.
+    retention_days: int | None = None
+    # How often the server looks for runs past their retention.
+    retention_check_seconds: float = 3600.0
 
     @property
     def public_url(self) -> str:
@@ -126,6 +131,14 @@ class ServerSettings:
                 raise ValueError(f"INSTANTML_RATE_LIMIT must be a number, got {rate!r}") from None
             if not values["rate_limit"] >= 0:  # type: ignore[operator]
                 raise ValueError(f"INSTANTML_RATE_LIMIT must be >= 0, got {rate!r}")
+        values["retention_days"] = _int_or_none(
+            env.get("INSTANTML_RETENTION_DAYS"), "INSTANTML_RETENTION_DAYS"
+        )
+        check = _int_or_none(
+            env.get("INSTANTML_RETENTION_CHECK_SECONDS"), "INSTANTML_RETENTION_CHECK_SECONDS"
+        )
+        if check:
+            values["retention_check_seconds"] = float(check)
         max_body = _int_or_none(env.get("INSTANTML_MAX_BODY_BYTES"), "INSTANTML_MAX_BODY_BYTES")
         if max_body:
             values["max_body_bytes"] = max_body

@@ -27,6 +27,7 @@ from instantml.storage.protocols import Stores
 from instantml.storage.records import RANK, RANK_COLUMNS, ScalarPoint
 from instantml.summary.assemble import assemble
 from instantml.summary.coverage import seen_before
+from tests.helpers import store_rank_rows, store_scalar_rows
 from tests.storage.conftest import OpenStores, examples
 from tests.summary.compare import assert_matches
 from tests.summary.reference import Point, reference
@@ -96,7 +97,7 @@ def test_the_latest_write_of_a_point_wins(open_stores: OpenStores) -> None:
     writer.write([Point(0, 1, 7.0), Point(1, 0, 3.0)])  # a rewrite, in a later unit
     writer.stores.close()
     again = open_stores()
-    rows = again.points.rank_points(writer.sid)
+    rows = store_rank_rows(again, writer.sid)
     assert [(s, r, v) for s, r, v, *_ in rows] == [(0, 0, 5.0), (0, 1, 7.0), (1, 0, 3.0)]
     assert again.points.counts([writer.sid]) == {writer.sid: (3, 1)}
 
@@ -267,7 +268,7 @@ def test_scalar_points_replace_by_step(stores: Stores) -> None:
         stores.points.write_scalars(
             [ScalarPoint(sid, 1, 0.7, 0.0, False), ScalarPoint(sid, 2, math.inf, 0.0, True)]
         )
-    assert stores.points.scalar_points(sid) == [(1, 0.7), (2, math.inf)]
+    assert store_scalar_rows(stores, sid) == [(1, 0.7), (2, math.inf)]
 
 
 @st.composite
@@ -529,7 +530,7 @@ def test_integer_scalar_steps_of_an_earlier_store_are_kept(tmp_path: Path) -> No
     ):
         stores = _open_stores(f"duckdb://{tmp_path / 'meta.duckdb'}", url)
         try:
-            assert stores.points.scalar_points(1) == expected
+            assert store_scalar_rows(stores, 1) == expected
         finally:
             stores.close()
 

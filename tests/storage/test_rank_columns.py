@@ -26,6 +26,7 @@ from instantml.storage import open_stores
 from instantml.storage.protocols import Stores
 from instantml.storage.records import RANK
 from tests.engines import Engines
+from tests.helpers import store_rank_rows
 from tests.storage.conftest import BACKENDS, examples
 
 WORLD = 6
@@ -108,7 +109,7 @@ def _contents(stores: Stores, org: int) -> dict[str, Any]:
             continue
         rows = stores.points.summary_rows(sid, everything)
         found[key] = {
-            "points": [tuple(map(_nan, p)) for p in stores.points.rank_points(sid)],
+            "points": [tuple(map(_nan, p)) for p in store_rank_rows(stores, sid)],
             "stats": {name: [_nan(v) for v in col.tolist()] for name, col in rows.stats.items()},
             "rollup": [tuple(map(_nan, r)) for r in rows.rollup],
             "outliers": sorted(tuple(map(_nan, o)) for o in rows.outliers),

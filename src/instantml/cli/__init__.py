@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from .._version import __version__
-from . import admin, runs, sync, watch
+from . import admin, export, runs, sync, watch
 from .http import ENV_HELP, CliError
 
 DESCRIPTION = """\
@@ -155,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sync.add_command(commands)
     runs.add_commands(commands)
+    export.add_command(commands)
     watch.add_command(commands)
     admin.add_commands(commands)
     return parser

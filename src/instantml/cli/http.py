@@ -43,6 +43,8 @@ def call(method: str, path: str, timeout: float = 60.0, **kwargs: Any) -> dict[s
             f"cannot reach the server at {url} ({cause}); is it running, and is"
             " INSTANTML_API_BASE_URL right?"
         ) from None
+    if response.status_code == 204:  # done, nothing to say (a delete)
+        return {}
     body = json_body(response)
     if not isinstance(body, dict) or (response.status_code >= 300 and "error" not in body):
         kind = response.headers.get("content-type", "no content type").split(";")[0]

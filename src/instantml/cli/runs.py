@@ -4,6 +4,7 @@ terminal, for clusters reached over SSH."""
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from typing import Any
 from urllib.parse import quote
@@ -37,6 +38,7 @@ def runs(args: argparse.Namespace) -> int:
             _status(r),
             "-" if r["world_size"] is None else str(r["world_size"]),
             "-" if r["last_step"] is None else str(r["last_step"]),
+            f"{r.get('points', 0):,}",
             _when(r["updated_at"]),
         )
         for r in body["runs"]
@@ -45,10 +47,25 @@ def runs(args: argparse.Namespace) -> int:
         where = f" in project {args.project!r}" if args.project else ""
         print(f"No runs{where}.")
         return 0
-    header = ("run id", "project", "status", "world size", "last step", "updated")
+    header = ("run id", "project", "status", "world size", "last step", "points", "updated")
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    return 0
+
+
+def delete(args: argparse.Namespace) -> int:
+    run = quote(args.run_id, safe="")
+    found = call("GET", f"/runs/{run}")["run"]
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise CliError(f"deleting run {args.run_id!r} needs --yes when not on a terminal")
+        what = f"run {args.run_id!r} ({found['project']}, {found.get('points', 0):,} points)"
+        if input(f"Delete {what} and everything of it? [y/N] ").strip().lower() not in ("y", "yes"):
+            print("Not deleted.")
+            return 1
+    call("DELETE", f"/api/runs/{run}", timeout=600.0)
+    print(f"Deleted run {args.run_id!r}.")
     return 0
 
 
@@ -103,13 +120,26 @@ def _stragglers(run: str, run_id: str, keys: list[str], window: int) -> int:
 
 def add_commands(commands: Any) -> None:
     listing = commands.add_parser(
-        "runs", help="list runs: id, project, status, world size, last step", epilog=ENV_HELP
+        "runs",
+        help="list runs: id, project, status, world size, last step, points; or delete one",
+        epilog=ENV_HELP,
     )
     listing.add_argument("--project", default=None, help="only this project's runs")
     listing.add_argument(
         "--limit", type=int, default=50, help="how many, newest first (default 50, at most 1000)"
     )
     listing.set_defaults(func=runs)
+    actions = listing.add_subparsers(dest="action", metavar="[delete]")
+    removal = actions.add_parser(
+        "delete",
+        help="delete a run and everything of it (an admin key)",
+        description="Delete a run: its points, aggregates, logs and alerts leave both stores;"
+        " the month's usage stays as charged; the id may be used again.",
+        epilog=ENV_HELP,
+    )
+    removal.add_argument("run_id")
+    removal.add_argument("--yes", action="store_true", help="do not ask")
+    removal.set_defaults(func=delete)
 
     summary = commands.add_parser(
         "ranks",

@@ -26,6 +26,7 @@ from .responses import JSONResponse
 from .routes import admin, health, ingest, metrics, runs, summary, writes
 from .write.committer import GroupCommitter
 from .write.decode_pool import BatchDecoder, default_processes
+from .write.deletion import Deleter
 from .write.guardrail import UsagePolicy
 from .write.service import WriteService
 from .write.upload_order import UploadOrder
@@ -38,7 +39,8 @@ def create_app(settings: ServerSettings, stores: Stores | None = None) -> FastAP
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         opened = stores or open_stores(settings.metadata_url, settings.points_url)
         service = WriteService(opened, UsagePolicy(settings.monthly_metric_points))
-        writer = GroupCommitter(service)
+        deleter = Deleter(opened, settings.retention_days, settings.retention_check_seconds)
+        writer = GroupCommitter(service, deleter=deleter)
         processes = settings.decode_processes
         decoder = BatchDecoder(
             default_processes() if processes is None else processes, settings.decode_min_bytes

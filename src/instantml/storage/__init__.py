@@ -15,13 +15,14 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .export import ExportTables
-from .protocols import HealthStore, Ledger, PointStore, Runs, Stores, Tenancy
+from .protocols import Deletions, HealthStore, Ledger, PointStore, Runs, Stores, Tenancy
 
 
 @dataclass
 class Metadata:
     tenancy: Tenancy
     runs: Runs
+    deletions: Deletions
     ledger: Ledger
     health: HealthStore
     unit: Callable[[], AbstractContextManager[None]]
@@ -51,14 +52,16 @@ def _duckdb_engine(url: str, engines: _Engines) -> Any:
 
 
 def _duckdb_metadata(url: str, engines: _Engines) -> Metadata:
+    from .deletion_sql import SqlDeletions
     from .duckdb import DuckDBHealth, DuckDBLedger, DuckDBTenancy, migrate_metadata
     from .runs_sql import SqlRuns
 
     engine = _duckdb_engine(url, engines)
     migrate_metadata(engine)
+    runs = SqlRuns(engine)
     return Metadata(
-        DuckDBTenancy(engine), SqlRuns(engine), DuckDBLedger(engine), DuckDBHealth(engine),
-        engine.unit, engine.close,
+        DuckDBTenancy(engine), runs, SqlDeletions(engine, runs), DuckDBLedger(engine),
+        DuckDBHealth(engine), engine.unit, engine.close,
     )  # fmt: skip
 
 
@@ -85,12 +88,14 @@ def _extra(name: str, url: str) -> Iterator[None]:
 def _postgres_metadata(url: str, engines: _Engines) -> Metadata:
     with _extra("postgres", url):
         from .postgres import PgEngine, PgHealth, PgLedger, PgTenancy
+    from .deletion_sql import SqlDeletions
     from .runs_sql import SqlRuns
 
     engine = PgEngine(url)
+    runs = SqlRuns(engine)
     return Metadata(
-        PgTenancy(engine), SqlRuns(engine), PgLedger(engine), PgHealth(engine), engine.unit,
-        engine.close,
+        PgTenancy(engine), runs, SqlDeletions(engine, runs), PgLedger(engine), PgHealth(engine),
+        engine.unit, engine.close,
     )  # fmt: skip
 
 
@@ -161,8 +166,8 @@ def open_stores(metadata_url: str, points_url: str | None = None) -> Stores:
                 engine.checkpoint()
 
     return Stores(
-        metadata.tenancy, metadata.runs, metadata.ledger, points.points, points.export, unit,
-        close, metadata.health, checkpoint_due, checkpoint,
+        metadata.tenancy, metadata.runs, metadata.deletions, metadata.ledger, points.points,
+        points.export, unit, close, metadata.health, checkpoint_due, checkpoint,
     )  # fmt: skip
 
 

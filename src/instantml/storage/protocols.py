@@ -127,6 +127,10 @@ class Runs(Protocol):
         """*In a unit*: raise runs' (world size, last step) to at least these, by run seq."""
         ...
 
+    def count_points(self, points: Mapping[int, int]) -> None:
+        """*In a unit*: add to runs' (by seq) count of metric points charged to them."""
+        ...
+
     def saw_ranks(self, ranks: Mapping[int, Iterable[int]], at: float) -> None:
         """*In a unit*: these ranks (by run seq) sent rank points at ``at``."""
         ...
@@ -137,6 +141,37 @@ class Runs(Protocol):
 
     def rank_activity(self, org_id: int, run_id: str) -> dict[int, RankActivity]:
         """What each rank of the run sent, by rank (ranks that sent nothing absent)."""
+        ...
+
+
+class Deletions(Protocol):
+    """Deleting runs (their metadata at once, their points queued for ``PointStore.purge``)
+    and projects' retention (``deletion_sql.py``)."""
+
+    def delete_run(self, org_id: int, run_id: str) -> list[int] | None:
+        """*In a unit*: the run's metadata gone, its series ids (returned) queued for
+        purging; None when there is no such run."""
+        ...
+
+    def purges(self, limit: int) -> list[int]:
+        """Series whose points are still to be removed, oldest deletion first."""
+        ...
+
+    def purged(self, series_ids: Sequence[int]) -> None:
+        """*In a unit*: these series' points are gone."""
+        ...
+
+    def set_retention(self, org_id: int, project: str, days: int | None) -> None:
+        """*In a unit*: the project's runs deleted ``days`` after their last write (None:
+        kept for ever)."""
+        ...
+
+    def retention(self, org_id: int, project: str) -> tuple[bool, int | None]:
+        """(whether the project has its own setting, its days)."""
+        ...
+
+    def expired(self, now: float, default_days: float | None, limit: int) -> list[tuple[int, str]]:
+        """Runs past their retention, least recently written first."""
         ...
 
 
@@ -204,12 +239,6 @@ class PointStore(Protocol):
         """*In a unit*: scalar points; (series, step) again replaces."""
         ...
 
-    def rank_points(self, series_id: int) -> list[tuple[int, int, float, float, int | None, int]]:
-        """``(step, rank, value, weight, local_rank, world_size)``, by step then rank."""
-        ...
-
-    def scalar_points(self, series_id: int) -> list[tuple[float, float]]: ...
-
     def counts(self, series_ids: Sequence[int]) -> dict[int, tuple[int, int | float | None]]:
         """``series_id -> (points, last step)``."""
         ...
@@ -230,6 +259,15 @@ class PointStore(Protocol):
 
     def backlog(self) -> int:
         """How much background work waits (steps whose aggregates are behind)."""
+        ...
+
+    def forget(self, series_ids: Sequence[int]) -> None:
+        """*In a unit*: these series are deleted; no background work for them any more."""
+        ...
+
+    def purge(self, series_ids: Sequence[int], budget: int) -> bool:
+        """*In a unit*: remove up to about ``budget`` rows of these series (points,
+        aggregates, blocks); True while rows remain."""
         ...
 
     def summary_reading(self, series_id: int, params: SummaryParams) -> Reading:
@@ -326,6 +364,7 @@ class Stores:
 
     tenancy: Tenancy
     runs: Runs
+    deletions: Deletions
     ledger: Ledger
     points: PointStore
     export: ExportTables  # a series' points out as Arrow tables (``export.py``)

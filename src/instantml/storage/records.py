@@ -52,6 +52,7 @@ class RunRecord:
     updated_at: float
     world_size: int | None = None
     last_step: int | None = None
+    points: int = 0  # metric points charged to it (rewrites count, replays do not)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -66,6 +67,7 @@ class RunRecord:
             "updated_at": self.updated_at,
             "world_size": self.world_size,
             "last_step": self.last_step,
+            "points": self.points,
         }
 
 
@@ -216,6 +218,7 @@ def run_record(row: Sequence[Any]) -> RunRecord:
         updated_at=row[9],
         world_size=row[10],
         last_step=row[11],
+        points=int(row[12] or 0),
     )
 
 

@@ -26,6 +26,7 @@ from .records import (
     RunRecord,
     RunRef,
     RunSpec,
+    StorageError,
     run_record,
     run_values,
 )
@@ -33,7 +34,7 @@ from .unit import Participant
 
 RUN_COLUMNS = (
     "org_id, run_id, project, name, status, config, tags, metadata, created_at, updated_at,"
-    " world_size, last_step"
+    " world_size, last_step, points"
 )
 # Run refs and series ids never change once committed, so a process may remember them
 # for ever; this bounds how many (a cache starts over when full).
@@ -63,6 +64,7 @@ class _Staged:
     runs: dict[tuple[int, str], RunRef] = field(default_factory=dict)
     series: dict[tuple[int, int, str], int] = field(default_factory=dict)
     extents: dict[int, tuple[int, int]] = field(default_factory=dict)  # run -> (size, last)
+    points: dict[int, int] = field(default_factory=dict)  # run -> points charged to it
     written_extents: dict[int, tuple[int, int]] = field(default_factory=dict)
     attributes: list[tuple[int, str | None, str | None, int | None, str, float]] = field(
         default_factory=list
@@ -219,12 +221,14 @@ class SqlRuns:
 
     def set_status(self, run: RunRef, status: str) -> RunRecord:
         self._flush_extents(self._staging())
-        (row,) = self._engine.execute(
+        rows = self._engine.execute(
             f"UPDATE runs SET status = %s, updated_at = %s WHERE run_seq = %s"
             f" RETURNING {RUN_COLUMNS}",
             [status, time.time(), run.seq],
         )
-        return run_record(row)
+        if not rows:
+            self._deleted_under({run.seq})
+        return run_record(rows[0])
 
     def add_attributes(self, run: RunRef, attributes: list[dict[str, Any]], ts: float) -> None:
         staged = self._staging().attributes
@@ -267,6 +271,11 @@ class SqlRuns:
             old_size, old_last = staged.get(seq, (0, -1))
             staged[seq] = (max(old_size, size), max(old_last, last))
 
+    def count_points(self, points: Mapping[int, int]) -> None:
+        staged = self._staging().points
+        for seq, n in points.items():
+            staged[seq] = staged.get(seq, 0) + n
+
     def saw_ranks(self, ranks: Mapping[int, Iterable[int]], at: float) -> None:
         staged = self._staging().seen
         for seq, members in ranks.items():
@@ -278,6 +287,24 @@ class SqlRuns:
     def finish_rank(self, run: RunRef, rank: int, at: float) -> None:
         self._staging().seen[(run.seq, rank)] = (at, at)
 
+    def forget(self, org_id: int, run_id: str, seq: int, series_ids: Sequence[int]) -> None:
+        """A deleted run: nothing of it remembered (its id may name a new run)."""
+        self._runs.pop((org_id, run_id), None)
+        for key in [key for key in self._series if key[0] == seq]:
+            del self._series[key]
+        self._extent.pop(seq, None)
+        for slot in [slot for slot in self._seen if slot[0] == seq]:
+            del self._seen[slot]
+
+    def _deleted_under(self, seqs: set[int]) -> None:
+        """Runs this process remembered were deleted (by another process, or just before
+        this unit): the unit must not write for them. Every cache starts over, and the unit
+        fails as a retryable storage error; its retry finds the run gone (404)."""
+        self._runs.clear()
+        self._series.clear()
+        self._extent.clear()
+        raise StorageError(f"run(s) {sorted(seqs)} were deleted while being written; retry")
+
     # ---- the unit ----
 
     def _flush_extents(self, staged: _Staged) -> None:
@@ -286,18 +313,28 @@ class SqlRuns:
             for seq, extent in staged.extents.items()
             if _grows(self._extent.get(seq), extent)
         }
+        counted = staged.points
         staged.extents.clear()
-        if not changed:
+        staged.points = {}
+        if not changed and not counted:
             return
-        seqs = list(changed)
-        self._engine.execute(
+        seqs = sorted(changed.keys() | counted.keys())
+        # One statement for both: a run given points without growing still gets its count.
+        found = self._engine.execute(
             "UPDATE runs SET world_size = CASE WHEN e.size > 0"
             " THEN greatest(coalesce(world_size, 0), e.size) ELSE world_size END,"
-            " last_step = greatest(coalesce(last_step, -1), e.last), updated_at = %s"
+            " last_step = CASE WHEN e.last >= 0 THEN greatest(coalesce(last_step, -1), e.last)"
+            " ELSE last_step END, points = coalesce(points, 0) + e.n, updated_at = %s"
             " FROM (SELECT unnest(%s::BIGINT[]) AS seq, unnest(%s::INTEGER[]) AS size,"
-            " unnest(%s::BIGINT[]) AS last) AS e WHERE runs.run_seq = e.seq",
-            [time.time(), seqs, [changed[q][0] for q in seqs], [changed[q][1] for q in seqs]],
-        )
+            " unnest(%s::BIGINT[]) AS last, unnest(%s::BIGINT[]) AS n) AS e"
+            " WHERE runs.run_seq = e.seq RETURNING runs.run_seq",
+            [
+                time.time(), seqs, [changed.get(q, (0, -1))[0] for q in seqs],
+                [changed.get(q, (0, -1))[1] for q in seqs], [counted.get(q, 0) for q in seqs],
+            ],
+        )  # fmt: skip
+        if len(found) < len(seqs):
+            self._deleted_under(set(seqs) - {int(q) for (q,) in found})
         staged.written_extents.update(changed)
 
     def _flush_seen(self, staged: _Staged) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 from ..errors import ApiError
 from .answers import Answer, storage_failed
 from .commands import Envelope
+from .deletion import Deleter
 from .service import WriteService
 
 IDLE_SECONDS = 0.05  # no write for this long: do background work
@@ -32,19 +33,32 @@ MAX_BACKLOG = 4096  # stale summary steps tolerated while writes keep coming
 
 _Pending = tuple[list[Envelope], "asyncio.Future[list[Answer]]", asyncio.AbstractEventLoop]
 _Compaction = tuple[int, "asyncio.Future[None]", asyncio.AbstractEventLoop]
+_Deletion = tuple[int, str, "asyncio.Future[bool]", asyncio.AbstractEventLoop]
+_Waiter = tuple["asyncio.Future[bool]", asyncio.AbstractEventLoop]
 
 
 def _resolve(future: asyncio.Future[Any], outcome: Any) -> None:
     if not future.done():  # the client may have gone away; the write stands regardless
-        future.set_result(outcome)
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
 
 
 class GroupCommitter:
-    def __init__(self, service: WriteService, max_group_writes: int = 50_000) -> None:
+    def __init__(
+        self,
+        service: WriteService,
+        max_group_writes: int = 50_000,
+        deleter: Deleter | None = None,
+    ) -> None:
         self._service = service
         self._max = max_group_writes
+        self._deleter = deleter or Deleter(service.stores, None, float("inf"))
         self._pending: deque[_Pending] = deque()
         self._compactions: deque[_Compaction] = deque()
+        self._deletions: deque[_Deletion] = deque()
+        self._purge_waiters: list[_Waiter] = []  # deletions answered once purges are done
         lock = threading.Lock()
         self._cond = threading.Condition(lock)  # a write queued (the writer waits on it)
         self._quiet = threading.Condition(lock)  # none queued or being applied (readers)
@@ -77,11 +91,29 @@ class GroupCommitter:
             self._cond.notify()
         await future
 
-    def _take(self, wait: float | None) -> tuple[list[_Pending], list[_Compaction]]:
-        """What queued since the last commit (writes, and compactions asked for), waiting
-        up to ``wait`` seconds (None: until something does) when nothing has."""
+    async def delete_run(self, org_id: int, run_id: str) -> bool:
+        """Delete a run (after the writes queued before it); return once its points are
+        gone from the point store too. False: there is no such run."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[bool] = loop.create_future()
         with self._cond:
-            if not self._pending and not self._compactions and not self._closed:
+            if self._closed:
+                raise ApiError(503, "server is shutting down; retry")
+            self._deletions.append((org_id, run_id, future, loop))
+            self._cond.notify()
+        return await future
+
+    def _take(
+        self, wait: float | None
+    ) -> tuple[list[_Pending], list[_Compaction], list[_Deletion]]:
+        """What queued since the last commit (writes, compactions and deletions asked
+        for), waiting up to ``wait`` seconds (None: until something does) when nothing
+        has."""
+        with self._cond:
+            if (
+                not self._pending and not self._compactions and not self._deletions
+                and not self._closed
+            ):  # fmt: skip
                 self._cond.wait(wait)
             group: list[_Pending] = []
             size = 0
@@ -92,7 +124,9 @@ class GroupCommitter:
             self._applying = bool(group)
             compactions = list(self._compactions)
             self._compactions.clear()
-            return group, compactions
+            deletions = list(self._deletions)
+            self._deletions.clear()
+            return group, compactions, deletions
 
     def wait_quiet(self, timeout: float = READ_YIELD_SECONDS) -> None:
         """Wait, up to ``timeout`` seconds, until no write is queued or being applied
@@ -109,15 +143,25 @@ class GroupCommitter:
             if not self._pending:
                 self._quiet.notify_all()
 
+    def _wait(self) -> float | None:
+        """How long the writer may sleep when nothing is queued."""
+        if self._service.backlog() or self._deleter.pending:
+            return IDLE_SECONDS
+        check = self._deleter.seconds_to_check()
+        return None if check == float("inf") else max(check, IDLE_SECONDS)
+
     def _run(self) -> None:
         while True:
-            group, compactions = self._take(IDLE_SECONDS if self._service.backlog() else None)
-            if not group and not compactions:
+            group, compactions, deletions = self._take(self._wait())
+            if not group and not compactions and not deletions:
                 if self._closed:
                     return
                 # Idle for a moment: bring summary aggregates up to date, a bounded unit at a
-                # time, so a write arriving now waits for one unit at most.
+                # time, so a write arriving now waits for one unit at most; the same for
+                # deleted runs' points, and runs past their retention.
                 self._service.maintain()
+                self._deleter.expire()
+                self._purge()
                 continue
             if group:
                 self._apply(group)
@@ -125,10 +169,29 @@ class GroupCommitter:
                 self._service.compact(sid for sid, _, _ in compactions)
                 for _, done, loop in compactions:
                     loop.call_soon_threadsafe(_resolve, done, None)
+            for org_id, run_id, answer, loop in deletions:
+                try:
+                    found = self._deleter.delete_run(org_id, run_id)
+                except Exception as exc:  # a storage failure: nothing deleted, retryable
+                    loop.call_soon_threadsafe(_resolve, answer, exc)
+                    continue
+                if found:
+                    self._purge_waiters.append((answer, loop))
+                else:
+                    loop.call_soon_threadsafe(_resolve, answer, False)
+            # One bounded unit of a deletion's purge between write groups.
+            self._purge()
             # Under sustained load the writer is never idle: keep the backlog bounded, so
             # that a summary read never has more than this to bring up to date.
             if self._service.backlog() >= MAX_BACKLOG:
                 self._service.maintain()
+
+    def _purge(self) -> None:
+        if not self._deleter.pending or self._deleter.purge():
+            return
+        for answer, loop in self._purge_waiters:
+            loop.call_soon_threadsafe(_resolve, answer, True)
+        self._purge_waiters.clear()
 
     def _apply(self, group: list[_Pending]) -> None:
         flat = [envelope for envelopes, _, _ in group for envelope in envelopes]

@@ -126,6 +126,7 @@ class Group:
             self.touched.add((write.org_id, write.run_id))
         elif isinstance(write, WriteScalars):
             keys = list(write.metrics)
+            self.points.count(run, count)
             for sid, value in zip(runs.series_ids(run, SCALAR, keys), write.metrics.values()):
                 self.scalars.append(
                     ScalarPoint(sid, write.step, value, write.timestamp, write.preview)
@@ -262,6 +263,8 @@ class Group:
             stores.points.write_scalars(self.scalars)
         if self.points.extents:
             stores.runs.extend(self.points.extents)
+        if self.points.points:
+            stores.runs.count_points(self.points.points)
         if self.points.ranks:
             stores.runs.saw_ranks(self.points.ranks, self.now)
         self._record()

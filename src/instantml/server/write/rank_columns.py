@@ -26,10 +26,15 @@ class RankColumns:
         self.chunks: dict[int, list[dict[str, np.ndarray]]] = {}
         self.rows: dict[int, list[tuple[Any, ...]]] = {}
         self.extents: dict[int, tuple[int, int]] = {}  # run seq -> (world size, last step)
+        self.points: dict[int, int] = {}  # run seq -> metric points charged to it
         self.ranks: dict[int, set[int]] = {}  # run seq -> the ranks that sent points
         # Runs given a non-finite value (the health monitor looks for its first step).
         self.nonfinite: set[tuple[int, str]] = set()
         self.seq = 0
+
+    def count(self, run: RunRef, points: int) -> None:
+        """Note ``points`` more metric points of ``run`` (its cost, shown in runs lists)."""
+        self.points[run.seq] = self.points.get(run.seq, 0) + points
 
     def extend(self, run: RunRef, world_size: int, last_step: int) -> None:
         """Note that ``run`` reached this world size and step (scalars: world size 0)."""
@@ -84,6 +89,7 @@ class RankColumns:
             for j, sid in enumerate(series_ids(run, RANK, keys)):
                 self.chunks.setdefault(sid, []).append(dict(picked, value=values[:, j]))
             self.extend(run, int(picked["world_size"].max()), int(picked["step"].max()))
+            self.count(run, values.size)
             self.ranks.setdefault(run.seq, set()).update(np.unique(picked["rank"]).tolist())
             if not np.isfinite(values).all():
                 self.nonfinite.add((write.org_id, run_id))
@@ -100,6 +106,7 @@ class RankColumns:
                  write.timestamp, seq)
             )  # fmt: skip
         self.extend(run, write.world_size, write.step)
+        self.count(run, len(keys))
         self.ranks.setdefault(run.seq, set()).add(write.rank)
         if not all(map(math.isfinite, write.metrics.values())):
             self.nonfinite.add((write.org_id, write.run_id))

@@ -107,6 +107,7 @@ class ChEngine:
         parts = urlsplit(url)
         self.url = url
         self._lock: threading.Lock | None = None
+        self.cluster = os.environ.get("INSTANTML_CLICKHOUSE_CLUSTER")
         driver_log = logging.getLogger("clickhouse_connect")
         level = driver_log.level
         driver_log.setLevel(logging.CRITICAL)  # at start, our one-line error says it all
@@ -128,7 +129,7 @@ class ChEngine:
                     # No session: queries of several threads run at once on one client.
                     autogenerate_session_id=False,
                 )
-            for statement in ddl(self.database, os.environ.get("INSTANTML_CLICKHOUSE_CLUSTER")):
+            for statement in ddl(self.database, self.cluster):
                 self.client.command(statement)
         except Exception as exc:
             reason = " ".join(str(exc).split())  # one line
@@ -146,6 +147,17 @@ class ChEngine:
 
     def table(self, name: str) -> str:
         return f"{self.database}.{name}"
+
+    def local(self, name: str) -> str:
+        """The table that holds the rows (a statement a Distributed table cannot take,
+        such as a delete, goes to every shard's own table)."""
+        if self.cluster is None:
+            return self.table(name)
+        return f"{self.database}.{name}_local ON CLUSTER {self.cluster}"
+
+    def command(self, sql: str, parameters: dict[str, Any] | None = None) -> None:
+        with self.guarded() as client:
+            client.command(sql, parameters=parameters or {})
 
     def version(self) -> int:
         """A version for rows written now: the clock in ns, strictly increasing here. On a

@@ -22,7 +22,7 @@ from ...rankmath.step_stats import REFERENCE_STEPS, reach, robust_spread, step_s
 from .. import querier
 from ..records import ScalarPoint, latest_points, step_number
 from . import block_tables, migrations, windows
-from .engine import ChEngine
+from .engine import TABLES, ChEngine
 from .summary_tables import ClickHouseSummaryTables
 
 if TYPE_CHECKING:
@@ -72,27 +72,24 @@ class ChPoints:
     def backlog(self) -> int:
         return self._backlog
 
+    def forget(self, series_ids: Sequence[int]) -> None:
+        pass  # nothing of a series is kept in this process
+
+    def purge(self, series_ids: Sequence[int], budget: int) -> bool:
+        # Lightweight deletes, one statement per table: rows are masked at once and leave
+        # the disk as ClickHouse merges their parts (no mutation rewrites them here).
+        engine = self._engine
+        ids = {"ids": [int(sid) for sid in series_ids]}
+        for name in TABLES:
+            engine.command(
+                f"DELETE FROM {engine.local(name)} WHERE series_id IN {{ids:Array(UInt64)}}", ids
+            )
+        return False
+
     def needs_refresh(self, series_id: int) -> bool:
         return bool(self._stale([series_id], limit=1))
 
     # ---- reads ----
-
-    def rank_points(self, series_id: int) -> list[tuple[int, int, float, float, int | None, int]]:
-        rows = self._engine.rows(
-            "SELECT step, rank, value, weight, local_rank, world_size FROM"
-            f" {self._engine.table('rank_points')} FINAL WHERE series_id = {{sid:UInt64}}"
-            " ORDER BY step, rank",
-            {"sid": series_id},
-        )
-        return [(s, r, v, w, None if lr < 0 else lr, ws) for s, r, v, w, lr, ws in rows]
-
-    def scalar_points(self, series_id: int) -> list[tuple[float, float]]:
-        rows = self._engine.rows(
-            f"SELECT step, value FROM {self._engine.table('scalars')} FINAL"
-            " WHERE series_id = {sid:UInt64} ORDER BY step",
-            {"sid": series_id},
-        )
-        return [(step_number(s), float(v)) for s, v in rows]
 
     def counts(self, series_ids: Sequence[int]) -> dict[int, tuple[int, int | float | None]]:
         if not series_ids:

@@ -42,11 +42,12 @@ class DuckDBExportTables:
 
     def window(self, kind: int, series_id: int, lo: float, below: float) -> pa.Table:
         select, order = (_RANK, "step, rank") if kind == RANK else (_SCALAR, "step")
+        # A relation's Arrow output, without the copy a DB-API result's would make.
         return (
             self._engine.cursor()
-            .execute(
+            .sql(
                 f"{select} WHERE series_id = ? AND step >= ? AND step < ? ORDER BY {order}",
-                [series_id, lo, below],
+                params=[series_id, lo, below],
             )
             .to_arrow_table()
         )

@@ -52,6 +52,7 @@ class Staged:
         self.refreshed: dict[int, set[int]] = {}
         self.dirty: dict[int, set[int]] = {}  # level-1 blocks newly stale
         self.rebuilt: dict[int, set[int]] = {}
+        self.forgotten: set[int] = set()  # series deleted in this unit
 
 
 class Head:
@@ -121,6 +122,18 @@ class Head:
                 self.tail_points += len(tail["step"])
         while self.tail_points > TAIL_POINTS:
             self.tail_points -= len(self.tails.pop(next(iter(self.tails)))["step"])
+        for sid in staged.forgotten:
+            self._forget_series(sid)
+
+    def _forget_series(self, sid: int) -> None:
+        """A deleted series: no background work, no memory of it."""
+        for index in (self.stale, self.dirty, self.rank_last, self.last_step, self.spreads):
+            index.pop(sid, None)
+        tail = self.tails.pop(sid, None)
+        if tail is not None:
+            self.tail_points -= len(tail["step"])
+        for slot in [slot for slot in self.floors if slot[0] == sid]:
+            del self.floors[slot]
 
     def remember_floor(self, series_id: int, steps: int, first: int | None) -> None:
         """The first of a series' last ``steps`` steps, as the next look's guess: a window's

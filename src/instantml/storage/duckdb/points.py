@@ -33,7 +33,7 @@ from ...rankmath.rows import SummaryRows
 from ...rankmath.step_stats import REFERENCE_STEPS, step_stats
 from .. import querier
 from ..records import ScalarPoint, latest_points, step_number
-from . import aggregates, block_tables, point_tables, windows
+from . import aggregates, block_tables, point_tables, purge, windows
 from .engine import Engine
 from .head import Head, Staged
 from .summary_tables import DuckDBSummaryTables
@@ -98,6 +98,12 @@ class DuckDBPoints:
     def backlog(self) -> int:
         return self._head.backlog()
 
+    def forget(self, series_ids: Sequence[int]) -> None:
+        self._staged.forgotten.update(series_ids)
+
+    def purge(self, series_ids: Sequence[int], budget: int) -> bool:
+        return purge.purge(self._engine, series_ids, budget)
+
     def needs_refresh(self, series_id: int) -> bool:
         # A summary reads the points of stale blocks itself (summary_tables.py); past a few it
         # costs less to have the writer rebuild them first.
@@ -105,29 +111,6 @@ class DuckDBPoints:
         return bool(self._head.stale.get(series_id)) or len(dirty) > READ_STALE_BLOCKS
 
     # ---- reads ----
-
-    def rank_points(self, series_id: int) -> list[tuple[int, int, float, float, int | None, int]]:
-        rows = (
-            self._engine.cursor()
-            .execute(
-                "SELECT step, rank, value, weight, local_rank, world_size FROM rank_points"
-                " WHERE series_id = ? ORDER BY step, rank",
-                [series_id],
-            )
-            .fetchall()
-        )
-        return [tuple(row) for row in rows]
-
-    def scalar_points(self, series_id: int) -> list[tuple[float, float]]:
-        rows = (
-            self._engine.cursor()
-            .execute(
-                "SELECT step, value FROM scalar_points WHERE series_id = ? ORDER BY step",
-                [series_id],
-            )
-            .fetchall()
-        )
-        return [(step_number(s), float(v)) for s, v in rows]
 
     def counts(self, series_ids: Sequence[int]) -> dict[int, tuple[int, int | float | None]]:
         if not series_ids:

@@ -66,7 +66,17 @@ def _sequences(execute: Execute) -> None:
         execute(f"ALTER TABLE {table} ALTER COLUMN {column} SET DEFAULT nextval('{name}')", [])
 
 
-MIGRATIONS: dict[int, Migration] = {1: _VERSION_1, 2: _sequences}
+# Each run's points (what it cost), projects' retention, and the series whose points a
+# deleted run left to remove from the point store (done in bounded units, resumed on start).
+_VERSION_3 = """
+ALTER TABLE runs ADD COLUMN points BIGINT DEFAULT 0;
+CREATE TABLE retention (
+    org_id INTEGER NOT NULL, project VARCHAR NOT NULL, days INTEGER,
+    PRIMARY KEY (org_id, project));
+CREATE TABLE purges (series_id BIGINT PRIMARY KEY, queued_at DOUBLE NOT NULL)
+"""
+
+MIGRATIONS: dict[int, Migration] = {1: _VERSION_1, 2: _sequences, 3: _VERSION_3}
 
 
 def migrate_metadata(engine: Engine) -> None:

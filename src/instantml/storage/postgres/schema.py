@@ -73,4 +73,11 @@ CREATE TABLE run_ranks (
     last_seen DOUBLE PRECISION NOT NULL, finished_at DOUBLE PRECISION,
     PRIMARY KEY (run_seq, rank));
 """,
+    5: """
+ALTER TABLE runs ADD COLUMN points BIGINT DEFAULT 0;
+CREATE TABLE retention (
+    org_id BIGINT NOT NULL, project TEXT NOT NULL, days INTEGER,
+    PRIMARY KEY (org_id, project));
+CREATE TABLE purges (series_id BIGINT PRIMARY KEY, queued_at DOUBLE PRECISION NOT NULL);
+""",
 }
