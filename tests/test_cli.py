@@ -134,10 +134,14 @@ def test_runs_lists_runs(
         "size",
         "last",
         "step",
+        "points",
         "updated",
     ]
     mine = next(row for row in rows if row.startswith(lost_node_run))
-    assert mine.split()[1:5] == ["summary", "finished", "12", "11"]  # ingest() ends its runs
+    points = api.get(f"/runs/{lost_node_run}").json()["run"]["points"]
+    assert points > 0
+    # ingest() ends its runs
+    assert mine.split()[1:6] == ["summary", "finished", "12", "11", f"{points:,}"]
     empty = cli("runs", "--project", "nope", url=server.url, key=server.admin_key, home=tmp_path)
     assert empty.stdout.strip() == "No runs in project 'nope'."
 

@@ -6,7 +6,7 @@ import instantml
 
 
 def test_public_names() -> None:
-    assert sorted(instantml.__all__) == ["InstantMLError", "Run", "__version__", "init"]
+    assert sorted(instantml.__all__) == ["Api", "InstantMLError", "Run", "__version__", "init"]
     assert callable(instantml.init)
 
 

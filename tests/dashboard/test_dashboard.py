@@ -272,6 +272,7 @@ def test_the_health_badge_and_banner(page: Any, server: ServerProcess, api: http
     page.wait_for_selector("main[data-ready=runs]")
     row = page.locator("#runs tbody tr", has=page.locator(f"text={run_id}"))
     assert row.locator(".health").get_attribute("data-health") == "critical"
+    assert row.locator(".points").inner_text() == "310"  # 8 ranks x 40 steps, less rank 4's 10
     row.locator("a.run-link").click()
     page.wait_for_selector("#health-banner")
     shot(page, "health-banner")

@@ -79,7 +79,7 @@ def add_command(commands: Any) -> None:
         " as step, value, timestamp. Non-finite values are NaN or +-inf (JSON: their mark).",
         epilog=ENV_HELP,
     )
-    parser.add_argument("run_id")
+    parser.add_argument("run_id", help="the run whose points to export")
     parser.add_argument("--key", required=True, help="the metric key")
     parser.add_argument("--format", choices=FORMATS, default="parquet", help="default parquet")
     parser.add_argument("-o", "--output", default=None, help="default <run>-<key>.<format>")

@@ -137,7 +137,7 @@ def add_commands(commands: Any) -> None:
         " the month's usage stays as charged; the id may be used again.",
         epilog=ENV_HELP,
     )
-    removal.add_argument("run_id")
+    removal.add_argument("run_id", help="the run to delete")
     removal.add_argument("--yes", action="store_true", help="do not ask")
     removal.set_defaults(func=delete)
 

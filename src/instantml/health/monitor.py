@@ -121,6 +121,18 @@ class HealthMonitor:
             self._nonfinite.update(nonfinite)
         self._wake.set()
 
+    def forget(self, org_id: int, run_id: str) -> None:
+        """A deleted run: nothing of it kept (its id may name a new run)."""
+        run = (org_id, run_id)
+        with self._lock:
+            for members in (self._dirty, self._nonfinite, self._waiting):
+                members.discard(run)
+            for index in (self._last_eval, self._cost, self._last_step, self._known_last,
+                          self._turn, self._unread):  # fmt: skip
+                index.pop(run, None)
+            for slot in [slot for slot in self._next_after if slot[:2] == run]:
+                del self._next_after[slot]
+
     def close(self) -> None:
         self._stop.set()
         self._wake.set()

@@ -51,6 +51,7 @@ def create_app(settings: ServerSettings, stores: Stores | None = None) -> FastAP
             public_url=settings.public_url,
         )  # fmt: skip
         service.on_points = monitor.touched
+        deleter.on_deleted = monitor.forget
         trimmer = HeapTrimmer()
         app.state.services = Services(
             decoder=decoder,

@@ -112,7 +112,10 @@ class SqlHealth:
                     alert.key or "", alert.since_step, alert.since_time, alert.message,
                     alert.opened_at,
                 ]  # fmt: skip
-                if not execute(self.INSERT_ALERT, params):
+                if not execute(  # a run deleted since the detectors looked gets none
+                    "SELECT 1 FROM runs WHERE org_id = %s AND run_id = %s",
+                    [alert.org_id, alert.run_id],
+                ) or not execute(self.INSERT_ALERT, params):
                     continue
                 done.append(alert)
                 hooks = execute(

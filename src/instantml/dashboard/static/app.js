@@ -180,6 +180,9 @@ async function showRuns(params) {
     { title: "health", value: (r) => HEALTH_ORDER[r.health] ?? 0, render: healthBadge },
     { title: "world size", value: (r) => r.world_size, num: true },
     { title: "last step", value: (r) => r.last_step, num: true },
+    // What the run cost against the monthly limit, grouped by thousands.
+    { title: "points", value: (r) => r.points, num: true,
+      render: (r) => el("span", { class: "points", text: (r.points ?? 0).toLocaleString("en-US") }) },
     { title: "created", value: (r) => r.created_at, render: (r) => new Date(r.created_at * 1000).toLocaleString() },
     // The id beside a name; a run without one is shown by its id once, in "name".
     { title: "id", value: (r) => r.id, render: (r) => (r.name ? el("code", { text: r.id }) : "") },

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from ...storage.protocols import Stores
 
@@ -30,6 +31,8 @@ class Deleter:
         self.check_seconds = check_seconds
         self._next_check = time.monotonic()
         self.pending = True  # a purge may be left from before a restart: look once
+        # Told each run deleted (org id, run id): the health monitor forgets it.
+        self.on_deleted: Callable[[int, str], None] | None = None
         self._retry_at = float("-inf")
 
     def delete_run(self, org_id: int, run_id: str) -> bool:
@@ -38,9 +41,12 @@ class Deleter:
             series = self.stores.deletions.delete_run(org_id, run_id)
             if series:
                 self.stores.points.forget(series)
-        if series is not None:
-            self.pending = True
-        return series is not None
+        if series is None:
+            return False
+        self.pending = True
+        if self.on_deleted is not None:
+            self.on_deleted(org_id, run_id)
+        return True
 
     def purge(self) -> bool:
         """One bounded unit of removing deleted runs' points; True while more remains (a
