@@ -57,6 +57,23 @@ def _metric_name(key: Any, field: str) -> str:
     return key
 
 
+MAX_NODE = 255
+
+
+def node(value: Any, field: str = "node") -> str | None:
+    """The host a rank runs on: a string of at most ``MAX_NODE`` characters (no NUL), or
+    None (not said)."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise TypeError(
+            f"{field} must be a string (the rank's host name), got {type(value).__name__}"
+        )
+    if len(value) > MAX_NODE:
+        raise ValueError(f"{field} must be at most {MAX_NODE} characters, got {len(value)}")
+    return text(value, field)
+
+
 def text(value: str, field: str) -> str:
     """A name to store (project, run name, tag, org): no NUL characters (no database that
     keeps text takes them, and no name needs one)."""

@@ -79,6 +79,7 @@ def _write(org: int, events: list[dict[str, Any]]) -> RankEvents:
         local_ranks=[e["local"] for e in events],
         weights=[e["weight"] for e in events],
         timestamps=[1.0] * len(events),
+        nodes=[None] * len(events),
         metrics=MetricMatrix.of([e["metrics"] for e in events]) or [e["metrics"] for e in events],
         key_hi=np.array([e["id"] for e in events], dtype=np.int64),
         key_lo=np.full(len(events), 7, dtype=np.int64),

@@ -17,8 +17,9 @@ from ..rankmath.stragglers import is_timing_key, scores
 from ..storage.records import SEEN_RESOLUTION, RankActivity
 from ..thresholds import Thresholds
 
-KINDS = ("rank_missing", "straggler", "outlier_burst", "non_finite")
-CRITICAL = frozenset({"rank_missing", "non_finite"})  # the others make a run "warning"
+KINDS = ("rank_missing", "node_missing", "straggler", "outlier_burst", "non_finite")
+# The others make a run "warning".
+CRITICAL = frozenset({"rank_missing", "node_missing", "non_finite"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +128,65 @@ def rank_missing(
         message = f"rank {rank} is missing from step {since}: {reason}"
         found.append(Finding("rank_missing", rank, None, since, stamp, message))
     return found
+
+
+def node_of(activity: Mapping[int, RankActivity]) -> dict[str, list[int]]:
+    """Each node's ranks (ranks that said no node are in none)."""
+    nodes: dict[str, list[int]] = {}
+    for rank in sorted(activity):
+        node = activity[rank].node
+        if node is not None:
+            nodes.setdefault(node, []).append(rank)
+    return nodes
+
+
+def node_missing(
+    found: list[Finding], waiting: set[int], activity: Mapping[int, RankActivity], world: int
+) -> list[Finding]:
+    """``found`` with the ``rank_missing`` findings of a node whose every rank is missing
+    replaced by one ``node_missing`` finding naming the node and its ranks (``rank``: its
+    first rank; ``since_step``: the earliest of theirs). A node of two ranks or more whose
+    missing ranks' node-mates are all behind and about to be missing (``waiting``) has its
+    ranks' findings held back for now, so that a dead node opens one alert, not one per
+    rank as each crosses the lag."""
+    missing = {f.rank: f for f in found if f.kind == "rank_missing"}
+    if not missing:
+        return found
+    dropped: set[int] = set()
+    grouped: list[Finding] = []
+    for node, members in node_of(activity).items():
+        ranks = [r for r in members if r < world]
+        gone = [r for r in ranks if r in missing]
+        if len(ranks) < 2 or not gone:
+            continue
+        if len(gone) < len(ranks):
+            if all(r in missing or r in waiting for r in ranks):
+                dropped.update(gone)  # the rest are behind: wait for them
+            continue
+        dropped.update(gone)
+        first = min((missing[r] for r in gone), key=lambda f: (f.since_step, f.rank))
+        message = (
+            f"node {node} is missing from step {first.since_step}: all its ranks"
+            f" ({_ranges(ranks)}) stopped reporting"
+        )
+        grouped.append(
+            Finding("node_missing", ranks[0], None, first.since_step, first.since_time, message)
+        )
+    return [f for f in found if not (f.kind == "rank_missing" and f.rank in dropped)] + grouped
+
+
+def _ranges(ranks: list[int]) -> str:
+    """``[8, 9, 10, 12]`` as ``"8-10, 12"``."""
+    parts: list[str] = []
+    start = prev = ranks[0]
+    for rank in [*ranks[1:], None]:
+        if rank is not None and rank == prev + 1:
+            prev = rank
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if rank is not None:
+            start = prev = rank
+    return ", ".join(parts)
 
 
 def ranks_lost(activity: Mapping[int, RankActivity], th: Thresholds, now: float) -> list[int]:

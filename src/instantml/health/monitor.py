@@ -38,7 +38,9 @@ KEYS_PER_LOOK = 64
 # monitor yields to the writer, and an alert still comes within about two seconds.
 LOOK_SHARE, MAX_GAP = 0.1, 1.5
 ATTRIBUTE_TYPE, ATTRIBUTE_PREFIX = "health", "health/"  # as server/write/validate.py checks them
-MOVING = frozenset({"rank_missing", "non_finite"})  # kinds whose since_step follows the points
+MOVING = frozenset(
+    {"rank_missing", "node_missing", "non_finite"}
+)  # kinds whose since_step follows the points
 
 
 def alert_url(base: str, alert: AlertRecord) -> str:
@@ -265,7 +267,7 @@ class HealthMonitor:
             self._nonfinite.discard(ident)
         held = self._stores.health.alerts(*ident, open_only=True)
         alerted = {(a.rank, a.key) for a in held if a.kind == "non_finite"}
-        missing = frozenset(a.rank for a in held if a.kind == "rank_missing")
+        missing = {a.rank for a in held if a.kind == "rank_missing"}
         for sid, key in ranked:
             columns = points.window_points(sid, span)
             window = KeyWindow(key, **columns)
@@ -289,10 +291,18 @@ class HealthMonitor:
                     known[rank] = max(step, known.get(rank, -1))
         sids = [sid for sid, _ in ranked]
         waiting: set[int] = set()
-        findings += detectors.rank_missing(
+        # A node's alert holds its ranks missing as a rank's alert holds the rank.
+        nodes = detectors.node_of(activity)
+        for alert in held:
+            if alert.kind == "node_missing":
+                mine = activity.get(alert.rank)
+                missing.update(nodes.get(mine.node, []) if mine and mine.node else [alert.rank])
+        lost = detectors.rank_missing(
             windows, th, now, activity, known, lambda seen: self._first_after(ident, sids, seen),
-            waiting, missing,
+            waiting, frozenset(missing),
         )  # fmt: skip
+        world = max((int(w.world_size.max()) for w in windows if len(w.world_size)), default=0)
+        findings += detectors.node_missing(lost, waiting, activity, world)
         if waiting:
             self._waiting.add(ident)
         else:

@@ -50,6 +50,7 @@ class Run:
         self._rank = rank
         self._world_size = world_size
         self._local_rank = local_rank
+        self._node = sdk_config.resolve_node()
         self._finish_timeout = finish_timeout
         self._metrics_path = f"/runs/{quote(run_id)}/metrics"
         self._rank_path = f"/runs/{quote(run_id)}/rank-metrics"
@@ -127,6 +128,7 @@ class Run:
             "local_rank": local_rank,
             "weight": weight,
             "timestamp": stamp,
+            "node": self._node,
         }
         if marks:
             _with_marks(body, marks)

@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .runs_sql import SqlEngine, SqlRuns
+from .runs_sql import SqlRuns
+from .sql import SqlEngine
 
 DAY_SECONDS = 86_400.0
 

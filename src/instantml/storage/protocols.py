@@ -131,7 +131,12 @@ class Runs(Protocol):
         """*In a unit*: add to runs' (by seq) count of metric points charged to them."""
         ...
 
-    def saw_ranks(self, ranks: Mapping[int, Iterable[int]], at: float) -> None:
+    def saw_ranks(
+        self,
+        ranks: Mapping[int, Iterable[int]],
+        at: float,
+        nodes: Mapping[int, Mapping[int, str]] | None = None,
+    ) -> None:
         """*In a unit*: these ranks (by run seq) sent rank points at ``at``."""
         ...
 

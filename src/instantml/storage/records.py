@@ -298,6 +298,7 @@ class RankActivity:
     first_seen: float
     last_seen: float
     finished_at: float | None
+    node: str | None = None  # the host it said it runs on, the latest
 
 
 # A rank's ``last_seen`` is rewritten at most this often: a unit a second per rank at most.

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 
@@ -30,7 +30,7 @@ from .records import (
     run_record,
     run_values,
 )
-from .unit import Participant
+from .sql import SqlEngine
 
 RUN_COLUMNS = (
     "org_id, run_id, project, name, status, config, tags, metadata, created_at, updated_at,"
@@ -39,24 +39,6 @@ RUN_COLUMNS = (
 # Run refs and series ids never change once committed, so a process may remember them
 # for ever; this bounds how many (a cache starts over when full).
 CACHE_ENTRIES = 200_000
-
-
-class SqlEngine(Protocol):
-    def read(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
-        """Committed data (outside a unit), or what this thread's unit sees."""
-
-    def execute(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
-        """A statement of this thread's unit, on its connection."""
-
-    def storable(self, *texts: str | None) -> bool:
-        """Whether the engine can hold these texts at all (else no row has them)."""
-
-    @property
-    def in_unit(self) -> bool: ...
-
-    def join(self, participant: Participant) -> None: ...
-
-    def staged(self, participant: Participant) -> Any: ...
 
 
 @dataclass
@@ -70,6 +52,7 @@ class _Staged:
         default_factory=list
     )
     seen: dict[tuple[int, int], tuple[float, float | None]] = field(default_factory=dict)
+    nodes: dict[tuple[int, int], str] = field(default_factory=dict)  # (run, rank) -> node
 
 
 def _text(value: Any) -> str | None:
@@ -87,6 +70,8 @@ class SqlRuns:
         # Each (run, rank)'s last_seen as this process last wrote it: rewritten only when
         # older by SEEN_RESOLUTION (another writer's only make the stored one newer).
         self._seen: dict[tuple[int, int], float] = {}
+        # Each (run, rank)'s node as this process last wrote it: written again when it moves.
+        self._nodes: dict[tuple[int, int], str] = {}
         engine.join(self)
 
     def _staging(self) -> _Staged:
@@ -142,11 +127,11 @@ class SqlRuns:
         if not self._engine.storable(run_id):
             return {}
         rows = self._engine.read(
-            "SELECT k.rank, k.first_seen, k.last_seen, k.finished_at FROM run_ranks k"
+            "SELECT k.rank, k.first_seen, k.last_seen, k.finished_at, k.node FROM run_ranks k"
             " JOIN runs r USING (run_seq) WHERE r.org_id = %s AND r.run_id = %s",
             [org_id, run_id],
         )
-        return {int(r): RankActivity(float(a), float(b), c) for r, a, b, c in rows}
+        return {int(r): RankActivity(float(a), float(b), c, n) for r, a, b, c, n in rows}
 
     def series(self, org_id: int, run_id: str) -> list[tuple[int, int, str]] | None:
         ref = self._ref(org_id, run_id)
@@ -276,12 +261,24 @@ class SqlRuns:
         for seq, n in points.items():
             staged[seq] = staged.get(seq, 0) + n
 
-    def saw_ranks(self, ranks: Mapping[int, Iterable[int]], at: float) -> None:
-        staged = self._staging().seen
+    def saw_ranks(
+        self,
+        ranks: Mapping[int, Iterable[int]],
+        at: float,
+        nodes: Mapping[int, Mapping[int, str]] | None = None,
+    ) -> None:
+        staging = self._staging()
+        staged = staging.seen
         for seq, members in ranks.items():
+            said = (nodes or {}).get(seq, {})
             for rank in members:
                 slot = (seq, rank)
-                if slot in staged or at - self._seen.get(slot, -1e18) >= SEEN_RESOLUTION:
+                node = said.get(rank)
+                moved = False
+                if node is not None and self._nodes.get(slot) != node:
+                    staging.nodes[slot] = node
+                    moved = True
+                if moved or slot in staged or at - self._seen.get(slot, -1e18) >= SEEN_RESOLUTION:
                     staged[slot] = (at, staged.get(slot, (at, None))[1])
 
     def finish_rank(self, run: RunRef, rank: int, at: float) -> None:
@@ -295,6 +292,8 @@ class SqlRuns:
         self._extent.pop(seq, None)
         for slot in [slot for slot in self._seen if slot[0] == seq]:
             del self._seen[slot]
+        for slot in [slot for slot in self._nodes if slot[0] == seq]:
+            del self._nodes[slot]
 
     def _deleted_under(self, seqs: set[int]) -> None:
         """Runs this process remembered were deleted (by another process, or just before
@@ -342,18 +341,20 @@ class SqlRuns:
             return
         slots = list(staged.seen)
         self._engine.execute(
-            "INSERT INTO run_ranks (run_seq, rank, first_seen, last_seen, finished_at)"
-            " SELECT s, k, a, a, f FROM (SELECT unnest(%s::BIGINT[]) AS s,"
+            "INSERT INTO run_ranks (run_seq, rank, first_seen, last_seen, finished_at, node)"
+            " SELECT s, k, a, a, f, n FROM (SELECT unnest(%s::BIGINT[]) AS s,"
             " unnest(%s::INTEGER[]) AS k, unnest(%s::DOUBLE PRECISION[]) AS a,"
-            " unnest(%s::DOUBLE PRECISION[]) AS f) AS e"
+            " unnest(%s::DOUBLE PRECISION[]) AS f, unnest(%s::TEXT[]) AS n) AS e"
             " ON CONFLICT (run_seq, rank) DO UPDATE SET"
             " last_seen = greatest(run_ranks.last_seen, excluded.last_seen),"
-            " finished_at = coalesce(excluded.finished_at, run_ranks.finished_at)",
+            " finished_at = coalesce(excluded.finished_at, run_ranks.finished_at),"
+            " node = coalesce(excluded.node, run_ranks.node)",
             [
                 [q for q, _ in slots],
                 [k for _, k in slots],
                 [staged.seen[s][0] for s in slots],
                 [staged.seen[s][1] for s in slots],
+                [staged.nodes.get(s) for s in slots],
             ],
         )
 
@@ -380,6 +381,7 @@ class SqlRuns:
         _remember(self._runs, staged.runs)
         _remember(self._series, staged.series)
         _remember(self._seen, {slot: at for slot, (at, _) in staged.seen.items()})
+        _remember(self._nodes, staged.nodes)
         grown = {}
         for seq, (size, last) in staged.written_extents.items():
             old_size, old_last = self._extent.get(seq, (0, -1))

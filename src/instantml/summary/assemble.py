@@ -87,6 +87,7 @@ def empty(world_size: int) -> dict[str, Any]:
         "outliers": [],
         "outliers_total": 0,
         "ranks": [],
+        "nodes": [],
         "first_nonfinite": None,
     }
 

@@ -104,7 +104,9 @@ def _download(
     tables = export.tables(stores.export, kind, sid, lo, hi)
     if kind == RANK:
         schema = RANK_SCHEMA
-        tables = (with_nodes(t, {}) for t in tables)
+        said = stores.runs.rank_activity(key.org_id, run_id)
+        nodes = {rank: a.node for rank, a in said.items() if a.node is not None}
+        tables = (with_nodes(t, nodes) for t in tables)
     else:
         schema = SCALAR_SCHEMA
     head = {"run_id": run_id, "key": metric}

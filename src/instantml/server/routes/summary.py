@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from functools import partial
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
 from starlette.concurrency import run_in_threadpool
@@ -12,9 +12,10 @@ from starlette.concurrency import run_in_threadpool
 from ...rankmath.params import SummaryParams, default_key
 from ...rankmath.stragglers import DEFAULT_KEY, DEFAULT_WINDOW, scores
 from ...storage.querier import drive
-from ...storage.records import RANK, ApiKeyRecord
+from ...storage.records import RANK, ApiKeyRecord, RankActivity
 from ...summary.assemble import assemble
 from ...summary.coverage import seen_before, split_lagging
+from ...summary.nodes import add_nodes, node_scores, order_heatmap_by_node
 from ..context import Services, require, services
 from ..errors import ApiError
 from ..keyquery import KeyName
@@ -58,9 +59,12 @@ async def distributed(
     heatmap_steps: Annotated[int, Query(ge=1, le=2_000)] = 200,
     z: Annotated[float, Query(gt=0, le=1e6)] = 3.0,
     outlier_limit: Annotated[int, Query(ge=0, le=10_000)] = 100,
+    order: Annotated[
+        Literal["rank", "node"], Query(description="the heatmap's rows: by rank, or by node")
+    ] = "rank",
 ) -> JSONResponse:
-    """Reducers across ranks per step, coverage, rank x step heatmap, outliers and the
-    per-rank rollup of one key (default: the first key in sorted order)."""
+    """Reducers across ranks per step, coverage, rank x step heatmap, outliers, the
+    per-rank rollup and the ranks grouped by node, of one key (default: a loss)."""
     found = services(request)
     points = found.stores.points
     keys, metric, sid = await _rank_series(found, key.org_id, run_id, metric)
@@ -79,15 +83,27 @@ async def distributed(
     reading = points.summary_reading(sid, params)
     rows = await run_in_threadpool(drive, reading, found.writer.wait_quiet)
     answer = assemble(rows, params)
-    await run_in_threadpool(_live_coverage, found, key.org_id, run_id, sid, params, answer)
+    activity = await run_in_threadpool(found.stores.runs.rank_activity, key.org_id, run_id)
+    await run_in_threadpool(
+        _live_coverage, found, key.org_id, run_id, sid, params, answer, activity
+    )
+    nodes = _nodes(activity)
+    add_nodes(answer, nodes)
+    if order == "node":
+        order_heatmap_by_node(answer["heatmap"], nodes)
     # Rendered straight by orjson: the answer is already plain data, and validating a
     # 100k-cell heatmap as ``dict[str, Any]`` would cost more than reading it.
     return JSONResponse({"run_id": run_id, "key": metric, "keys": keys, **answer})
 
 
+def _nodes(activity: dict[int, RankActivity]) -> dict[int, str]:
+    """Each rank's node, for the ranks that said one."""
+    return {rank: a.node for rank, a in activity.items() if a.node is not None}
+
+
 def _live_coverage(
     found: Services, org_id: int, run_id: str, sid: int, params: SummaryParams,
-    answer: dict[str, Any],
+    answer: dict[str, Any], activity: dict[int, RankActivity],
 ) -> None:  # fmt: skip
     """Coverage as it is now: ranks merely behind in a live run (running, and sent points
     within the run's ``lag_seconds``) are ``lagging``, not missing, when the server heard
@@ -98,7 +114,6 @@ def _live_coverage(
     lagging: list[dict[str, Any]] = []
     run = found.stores.runs.get_run(org_id, run_id) if missing else None
     if run is not None and run.status == "running":  # an ended run's coverage is final
-        activity = found.stores.runs.rank_activity(org_id, run_id)
         th = found.monitor.thresholds(org_id, run_id)
         heard = {rank: a.last_seen for rank, a in activity.items()}
         missing, lagging = split_lagging(missing, heard, time.time(), th.lag_seconds)
@@ -124,7 +139,8 @@ async def stragglers(
         found.stores.points.window_medians, sid, window, step_max
     )
     th = await run_in_threadpool(found.monitor.thresholds, key.org_id, run_id)
-    return {
+    activity = await run_in_threadpool(found.stores.runs.rank_activity, key.org_id, run_id)
+    answer = {
         "run_id": run_id,
         "key": metric,
         "window": window,
@@ -134,3 +150,5 @@ async def stragglers(
         "min_ms": th.straggler_min_ms,
         **scores(medians, th.straggler_score, th.straggler_min_steps, th.straggler_min_ms),
     }
+    node_scores(answer, _nodes(activity))
+    return answer

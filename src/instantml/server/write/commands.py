@@ -42,6 +42,7 @@ class WriteRankPoints:
     weight: float
     metrics: dict[str, float]
     timestamp: float
+    node: str | None = None
 
 
 class MetricMatrix(Sequence[dict[str, float]]):
@@ -99,6 +100,7 @@ class RankEvents:
     local_ranks: list[int]  # -1: not given
     weights: list[float]
     timestamps: list[float]
+    nodes: list[str | None]
     metrics: Sequence[dict[str, float]]  # a MetricMatrix when every event has the same keys
     key_hi: np.ndarray  # int64, as the three columns below: the ledger takes them as they are
     key_lo: np.ndarray
@@ -137,6 +139,7 @@ class RankEvents:
             [self.local_ranks[i] for i in rows],
             [self.weights[i] for i in rows],
             [self.timestamps[i] for i in rows],
+            [self.nodes[i] for i in rows],
             picked,
             self.key_hi[index],
             self.key_lo[index],
@@ -162,6 +165,7 @@ class RankEvents:
                     weight=self.weights[i],
                     metrics=self.metrics[i],
                     timestamp=self.timestamps[i],
+                    node=self.nodes[i],
                 ),
                 Idempotency(key_hi[i], key_lo[i], prints[i], seq[i], n[i]),
             )

@@ -266,7 +266,7 @@ class Group:
         if self.points.points:
             stores.runs.count_points(self.points.points)
         if self.points.ranks:
-            stores.runs.saw_ranks(self.points.ranks, self.now)
+            stores.runs.saw_ranks(self.points.ranks, self.now, self.points.nodes)
         self._record()
 
     def _record(self) -> None:

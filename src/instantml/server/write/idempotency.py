@@ -100,10 +100,15 @@ def fingerprint(method: str, path: str, body: Any) -> int:
 _ENCODER = msgspec.json.Encoder(order="sorted")
 
 
+_NO_NODE = b'"node":null,'
+
+
 def canonical(body: RankBody) -> bytes:
     """The body as JSON with every field present and keys sorted: equal for equal bodies,
-    however they were written."""
-    return _ENCODER.encode(body)
+    however they were written. ``node`` only when given: a body without one is encoded as
+    before the field existed (a metric's value is a number, so only the field matches)."""
+    encoded = _ENCODER.encode(body)
+    return encoded.replace(_NO_NODE, b"", 1) if body.node is None else encoded
 
 
 def typed_fingerprint(path: str, body: RankBody) -> int:

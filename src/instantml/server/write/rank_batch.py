@@ -96,7 +96,16 @@ _EVENT_ID = attrgetter("event_id")
 _REQUEST = attrgetter("request")
 _FIELDS = [
     attrgetter(name)
-    for name in ("step", "rank", "world_size", "local_rank", "weight", "timestamp", "metrics")
+    for name in (
+        "step",
+        "rank",
+        "world_size",
+        "local_rank",
+        "weight",
+        "timestamp",
+        "node",
+        "metrics",
+    )
 ]
 _NONFINITE = attrgetter("nonfinite")
 
@@ -118,7 +127,7 @@ def columns_of(events: list[RankEvent], org_id: int, now: float) -> RankEvents |
     bodies = list(map(attrgetter("body"), requests))
     if any(x is not None for x in map(_NONFINITE, bodies)):
         return None
-    steps, ranks, sizes, locals_, weights, stamps, metrics = (
+    steps, ranks, sizes, locals_, weights, stamps, nodes, metrics = (
         list(map(field, bodies)) for field in _FIELDS
     )
     size = np.array(sizes, dtype=np.int64)
@@ -147,6 +156,7 @@ def columns_of(events: list[RankEvent], org_id: int, now: float) -> RankEvents |
         local.tolist(),
         [1.0 if w is None else w for w in weights],
         [now if t is None else t for t in stamps],
+        nodes,
         metrics if matrix is None else matrix,
         keys[0::2].copy(),
         keys[1::2].copy(),
@@ -194,6 +204,7 @@ class RankEventsBuilder:
                 local_rank,
                 1.0 if body.weight is None else body.weight,
                 self._now if body.timestamp is None else body.timestamp,
+                body.node,
                 body.metrics,
                 hi,
                 lo,
@@ -207,8 +218,8 @@ class RankEventsBuilder:
         """The events taken so far as one write; the builder starts empty again."""
         columns: list[Any] = [list(column) for column in zip(*self._rows, strict=True)]
         columns[-5:] = [np.array(column, dtype=np.int64) for column in columns[-5:]]
-        matrix = MetricMatrix.of(columns[7])
+        matrix = MetricMatrix.of(columns[8])
         if matrix is not None:
-            columns[7] = matrix
+            columns[8] = matrix
         self.clear()
         return RankEvents(self.org_id, *columns)

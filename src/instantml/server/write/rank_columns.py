@@ -28,6 +28,7 @@ class RankColumns:
         self.extents: dict[int, tuple[int, int]] = {}  # run seq -> (world size, last step)
         self.points: dict[int, int] = {}  # run seq -> metric points charged to it
         self.ranks: dict[int, set[int]] = {}  # run seq -> the ranks that sent points
+        self.nodes: dict[int, dict[int, str]] = {}  # run seq -> rank -> its latest node
         # Runs given a non-finite value (the health monitor looks for its first step).
         self.nonfinite: set[tuple[int, str]] = set()
         self.seq = 0
@@ -91,6 +92,12 @@ class RankColumns:
             self.extend(run, int(picked["world_size"].max()), int(picked["step"].max()))
             self.count(run, values.size)
             self.ranks.setdefault(run.seq, set()).update(np.unique(picked["rank"]).tolist())
+            nodes = write.nodes if len(groups) == 1 else [write.nodes[i] for i in members]
+            if any(nodes):  # later events win: a dict keeps the last value of each rank
+                said = dict(zip(picked["rank"].tolist(), nodes, strict=True))
+                self.nodes.setdefault(run.seq, {}).update(
+                    (rank, node) for rank, node in said.items() if node is not None
+                )
             if not np.isfinite(values).all():
                 self.nonfinite.add((write.org_id, run_id))
 
@@ -108,6 +115,8 @@ class RankColumns:
         self.extend(run, write.world_size, write.step)
         self.count(run, len(keys))
         self.ranks.setdefault(run.seq, set()).add(write.rank)
+        if write.node is not None:
+            self.nodes.setdefault(run.seq, {})[write.rank] = write.node
         if not all(map(math.isfinite, write.metrics.values())):
             self.nonfinite.add((write.org_id, write.run_id))
 

@@ -163,6 +163,7 @@ def rank_points(org_id: int, run_id: str, body: dict[str, Any]) -> WriteRankPoin
             _required(body, "rank"), _required(body, "world_size"), body.get("local_rank")
         )
         weight = validation.weight(body.get("weight"))
+        node = validation.node(body.get("node"))
     except (TypeError, ValueError) as exc:
         raise bad_input(exc) from None
     return WriteRankPoints(
@@ -175,6 +176,7 @@ def rank_points(org_id: int, run_id: str, body: dict[str, Any]) -> WriteRankPoin
         weight=weight,
         metrics=metrics,
         timestamp=timestamp(body.get("timestamp")),
+        node=node,
     )
 
 

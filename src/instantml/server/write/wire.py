@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-from ...validation import MAX_STEP, MAX_WORLD_SIZE
+from ...validation import MAX_NODE, MAX_STEP, MAX_WORLD_SIZE
 
 MAX_EVENT_ID = 255  # an event id is its Idempotency-Key
 
@@ -84,6 +84,10 @@ class RankBody(msgspec.Struct, gc=False):
     local_rank: Rank | None = None
     weight: Annotated[float, Meta(gt=0.0)] | None = None
     timestamp: Annotated[float, Meta(gt=-1e11, lt=1e11)] | None = None
+    # The host the rank runs on (our SDK sends it; the public SDK never does). Left out of
+    # the fingerprint when absent (``idempotency.canonical``), so keys from before it
+    # existed replay as they did.
+    node: Annotated[str, Meta(max_length=MAX_NODE, pattern="^[^\x00]*$")] | None = None
     # Declared so that it is never silently dropped (msgspec ignores unknown fields) and
     # enters the fingerprint (typed as it always was, so a key's fingerprint never
     # changes); an event that has it is taken by validate.py, which checks the marks.

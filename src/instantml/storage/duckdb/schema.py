@@ -76,7 +76,12 @@ CREATE TABLE retention (
 CREATE TABLE purges (series_id BIGINT PRIMARY KEY, queued_at DOUBLE NOT NULL)
 """
 
-MIGRATIONS: dict[int, Migration] = {1: _VERSION_1, 2: _sequences, 3: _VERSION_3}
+# The host each rank said it runs on (the latest).
+_VERSION_4 = "ALTER TABLE run_ranks ADD COLUMN node VARCHAR"
+
+MIGRATIONS: dict[int, Migration] = {
+    1: _VERSION_1, 2: _sequences, 3: _VERSION_3, 4: _VERSION_4,
+}  # fmt: skip
 
 
 def migrate_metadata(engine: Engine) -> None:

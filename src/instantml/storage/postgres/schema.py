@@ -80,4 +80,5 @@ CREATE TABLE retention (
     PRIMARY KEY (org_id, project));
 CREATE TABLE purges (series_id BIGINT PRIMARY KEY, queued_at DOUBLE PRECISION NOT NULL);
 """,
+    6: "ALTER TABLE run_ranks ADD COLUMN node TEXT",
 }
