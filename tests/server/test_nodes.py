@@ -130,3 +130,16 @@ def test_a_body_without_node_fingerprints_as_before_the_field() -> None:
     ) and b'"metrics":{"loss":2.0,"node":1.0}' in canonical(plain)
     given = msgspec.convert(rank_body(node="h"), RankBody)
     assert b'"node":"h"' in canonical(given)
+
+
+def test_instantml_ranks_shows_nodes(server: Any, on_nodes: str) -> None:
+    from tests.helpers import instantml
+
+    env = {"INSTANTML_API_BASE_URL": server.url, "INSTANTML_API_KEY": server.admin_key,
+           "COLUMNS": "160"}  # fmt: skip
+    out = instantml("ranks", on_nodes, "--key", "loss", env=env)
+    assert out.returncode == 0, out.stderr
+    assert "Nodes" in out.stdout and "host-a" in out.stdout and "0-2" in out.stdout
+    slow = instantml("ranks", on_nodes, "--stragglers", env=env)
+    assert slow.returncode == 0, slow.stderr
+    assert "slow nodes node host-b" in " ".join(slow.stdout.split())

@@ -167,7 +167,7 @@ def node_missing(
         first = min((missing[r] for r in gone), key=lambda f: (f.since_step, f.rank))
         message = (
             f"node {node} is missing from step {first.since_step}: all its ranks"
-            f" ({_ranges(ranks)}) stopped reporting"
+            f" ({rank_ranges(ranks)}) stopped reporting"
         )
         grouped.append(
             Finding("node_missing", ranks[0], None, first.since_step, first.since_time, message)
@@ -175,8 +175,10 @@ def node_missing(
     return [f for f in found if not (f.kind == "rank_missing" and f.rank in dropped)] + grouped
 
 
-def _ranges(ranks: list[int]) -> str:
+def rank_ranges(ranks: list[int]) -> str:
     """``[8, 9, 10, 12]`` as ``"8-10, 12"``."""
+    if not ranks:
+        return ""
     parts: list[str] = []
     start = prev = ranks[0]
     for rank in [*ranks[1:], None]:

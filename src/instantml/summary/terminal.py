@@ -9,6 +9,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from ..health.detectors import rank_ranges
+
 _BLOCKS = "▁▂▃▄▅▆▇█"
 
 
@@ -80,6 +82,7 @@ def render(summary: dict[str, Any], worst: int = 8, outliers: int = 10) -> Group
     ranks = Table(title=f"Worst ranks (of {len(summary['ranks'])})", title_justify="left")
     for column in (
         "rank",
+        "node",
         "local",
         "steps",
         "last step",
@@ -92,6 +95,7 @@ def render(summary: dict[str, Any], worst: int = 8, outliers: int = 10) -> Group
     for r in summary["ranks"][:worst]:
         ranks.add_row(
             str(r["rank"]),
+            r.get("node") or "-",
             "-" if r["local_rank"] is None else str(r["local_rank"]),
             str(r["steps_reported"]),
             str(r["last_step"]),
@@ -99,6 +103,19 @@ def render(summary: dict[str, Any], worst: int = 8, outliers: int = 10) -> Group
             f"{r['mean_abs_z']:.2f}",
             str(r["outlier_steps"]),
             str(r["nonfinite_steps"]),
+        )
+
+    by_node = Table(title="Nodes", title_justify="left")
+    for column in ("node", "ranks", "missing", "mean delta", "mean |z|", "outlier steps"):
+        by_node.add_column(column, justify="right")
+    for n in summary.get("nodes") or []:
+        by_node.add_row(
+            n["node"] or "-",
+            rank_ranges(n["ranks"]),
+            rank_ranges(n["missing_ranks"]) or "-",
+            _num(n["mean_delta"]),
+            f"{n['mean_abs_z']:.2f}",
+            str(n["outlier_steps"]),
         )
 
     shown = min(outliers, len(summary["outliers"]))
@@ -137,6 +154,8 @@ def render(summary: dict[str, Any], worst: int = 8, outliers: int = 10) -> Group
     if lagging:
         behind = ", ".join(f"rank {g['rank']} at step {g['last_step']}" for g in lagging)
         parts.append(Text(f"Behind but sending (uploads lag): {behind}.", style="yellow"))
+    if summary.get("nodes"):
+        parts.append(by_node)
     parts += [ranks, top if summary["outliers"] else Text("No outliers.", style="green")]
     return Group(*parts)
 
@@ -164,12 +183,20 @@ def render_stragglers(results: list[dict[str, Any]], shown: int = 8) -> Group:
             parts.append(Text(f"{head}: stragglers {worst}", style="bold red"))
         else:
             parts.append(Text(f"{head}: no straggler", style="green"))
+        nodes = [n for n in result.get("nodes") or [] if n["straggler"]]
+        if nodes:
+            said = ", ".join(
+                f"node {n['node']} (slowest rank {n['slowest_rank']}, score {n['score']:.2f})"
+                for n in nodes
+            )
+            parts.append(Text(f"{key}: slow nodes {said}", style="bold red"))
         table = Table(show_edge=False)
-        for column in ("rank", "median ms", "score", "steps"):
+        for column in ("rank", "node", "median ms", "score", "steps"):
             table.add_column(column, justify="right")
         for r in ranks[:shown]:
             table.add_row(
                 str(r["rank"]),
+                r.get("node") or "-",
                 _num(r["median"]),
                 Text(f"{r['score']:.2f}", style="red" if r["straggler"] else ""),
                 str(r["steps"]),
