@@ -385,3 +385,39 @@ def test_pages_fit_a_1280_px_window(page: Any, server: ServerProcess, api: httpx
     time.sleep(1.0)
     assert page.evaluate("document.querySelectorAll('.notifier-note').length") == 0
     assert page.errors == []
+
+
+def test_the_node_table_and_a_heatmap_grouped_by_node(
+    page: Any, server: ServerProcess, api: httpx.Client
+) -> None:
+    """16 ranks on two nodes, node-b's forward three times as slow: the Distributed tab
+    shows one row per node with node-b's straggler score flagged, and the heatmap's rows
+    grouped by node."""
+    run_id = f"nodes-{uuid.uuid4().hex[:6]}"
+    api.post("/runs", json={"project": "dash", "id": run_id}).raise_for_status()
+    events = []
+    for step in range(60):
+        for rank in range(16):
+            node = "node-a" if rank % 2 == 0 else "node-b"  # interleaved: the order must group
+            body = {"metrics": {"perf/forward_ms": 30.0 if node == "node-b" else 10.0,
+                                "train/loss": 1.0 + 0.01 * rank},
+                    "step": step, "rank": rank, "world_size": 16, "node": node}  # fmt: skip
+            events.append({"event_id": f"{run_id}-{step}-{rank}", "request": {
+                "method": "POST", "path": f"/runs/{run_id}/rank-metrics", "body": body}})  # fmt: skip
+    api.post("/api/ingest", json={"events": events}).raise_for_status()
+    page.goto(
+        f"{server.url}/?token={server.admin_key}#/runs/{run_id}/distributed?key=perf/forward_ms"
+    )
+    page.wait_for_selector("main[data-ready=distributed]")
+    rows = page.locator("#nodes tbody tr")
+    assert rows.count() == 2
+    texts = {rows.nth(i).locator("td").first.inner_text(): rows.nth(i) for i in range(2)}
+    assert set(texts) == {"node-a", "node-b"}
+    assert texts["node-b"].locator("span.bad").count() == 1  # its straggler score
+    assert texts["node-a"].locator("span.bad").count() == 0
+    assert "0, 2, 4" in texts["node-a"].inner_text()  # even ranks, not a range
+    labels = page.evaluate("document.getElementById('heatmap').data[0].y")
+    assert labels[:8] == [f"node-a · {r}" for r in range(0, 16, 2)]
+    assert labels[8:] == [f"node-b · {r}" for r in range(1, 16, 2)]
+    shot(page, "nodes")
+    assert page.errors == []

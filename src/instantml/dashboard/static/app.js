@@ -214,7 +214,9 @@ function healthBanner(run, health) {
     params.set("step_max", String(a.since_step + 50));
     return el("li", { class: "alert", "data-kind": a.kind },
       el("b", { text: a.kind.replace("_", " ") }), " · ",
-      el("a", { href: `${base}?${params}`, class: "alert-link", text: `rank ${a.rank}${a.key ? ` · ${a.key}` : ""} · step ${a.since_step}` }),
+      el("a", { href: `${base}?${params}`, class: "alert-link",
+        // A node's alert names the node (in its message); any other, its rank.
+        text: `${a.kind === "node_missing" ? a.message.split(" is missing")[0] : `rank ${a.rank}`}${a.key ? ` · ${a.key}` : ""} · step ${a.since_step}` }),
       el("span", { class: "muted", text: ` — ${a.message}` }));
   });
   return el("div", { class: `card banner ${health.status}`, id: "health-banner" },
@@ -348,7 +350,8 @@ async function showDistributed(run, rankKeys, params, body) {
   // No key asked for (or one the run lacks): the server's default, a loss-like key.
   const asked = rankKeys.includes(params.get("key")) ? params.get("key") : null;
   const lo = params.get("step_min"), hi = params.get("step_max");
-  const query = new URLSearchParams({ max_points: "500", heatmap_steps: "200" });
+  // Heatmap rows grouped by node (by rank when no rank said its node).
+  const query = new URLSearchParams({ max_points: "500", heatmap_steps: "200", order: "node" });
   if (asked !== null) query.set("key", asked);
   if (lo !== null) query.set("step_min", lo);
   if (hi !== null) query.set("step_max", hi);
@@ -411,6 +414,7 @@ async function showDistributed(run, rankKeys, params, body) {
       ` behind at step ${g.last_step}, still sending (uploads lag)`));
   }
 
+  if ((s.nodes || []).length) body.append(nodeCard(s.nodes, strag));
   if (strag) body.append(stragglerCard(strag));
 
   const outliers = table([
@@ -420,7 +424,8 @@ async function showDistributed(run, rankKeys, params, body) {
     { title: "z", value: (o) => o.z, num: true }, { title: "robust z", value: (o) => o.robust_z, num: true },
   ], s.outliers, { sortable: true, id: "outliers" });
   const ranks = table([
-    { title: "rank", value: (r) => r.rank, num: true }, { title: "local rank", value: (r) => r.local_rank, num: true },
+    { title: "rank", value: (r) => r.rank, num: true }, { title: "node", value: (r) => r.node ?? "" },
+    { title: "local rank", value: (r) => r.local_rank, num: true },
     { title: "steps", value: (r) => r.steps_reported, num: true }, { title: "last step", value: (r) => r.last_step, num: true },
     { title: "mean delta", value: (r) => r.mean_delta, num: true }, { title: "mean |z|", value: (r) => r.mean_abs_z, num: true },
     { title: "outlier steps", value: (r) => r.outlier_steps, num: true },
@@ -450,7 +455,10 @@ async function showDistributed(run, rankKeys, params, body) {
     customdata: s.steps.map((p) => `${p.count + p.nonfinite} of ${p.expected}` + (p.nonfinite ? ` (${p.nonfinite} non-finite)` : "")),
     hovertemplate: "step %{x}: %{customdata}<extra></extra>" };
   const buckets = s.heatmap.buckets;
-  const heatTrace = { type: "heatmap", z: s.heatmap.values, x: buckets.map((b) => b[0]), y: s.heatmap.ranks.map(String),
+  // A row's label: its rank, after its node's name when ranks said theirs.
+  const rowNodes = s.heatmap.nodes || [];
+  const rowLabels = s.heatmap.ranks.map((r, i) => (rowNodes[i] ? `${rowNodes[i]} · ${r}` : String(r)));
+  const heatTrace = { type: "heatmap", z: s.heatmap.values, x: buckets.map((b) => b[0]), y: rowLabels,
     customdata: s.heatmap.ranks.map(() => buckets.map((b) => (b[0] === b[1] ? `${b[0]}` : `${b[0]}–${b[1]}`))),
     hovertemplate: "rank %{y}<br>steps %{customdata}<br>value %{z}<extra></extra>", colorscale: "Viridis",
     hoverongaps: false };
@@ -464,7 +472,9 @@ async function showDistributed(run, rankKeys, params, body) {
   await Promise.all([
     Plotly.newPlot(band, bandTraces, layout({ yaxis: { title: { text: esc(key) } } }), config),
     Plotly.newPlot(coverage, [covTrace], layout({ yaxis: { range: [0, 1.05], tickformat: ".0%" }, showlegend: false }), config),
-    Plotly.newPlot(heat, s.heatmap.nonfinite.length ? [heatTrace, nonfiniteTrace] : [heatTrace], layout({ yaxis: { title: { text: "rank" }, type: "category" } }), config),
+    Plotly.newPlot(heat, s.heatmap.nonfinite.length ? [heatTrace, nonfiniteTrace] : [heatTrace],
+      layout({ yaxis: { title: { text: rowNodes.some((n) => n) ? "" : "rank" }, type: "category" },
+        margin: { t: 10, r: 10, b: 35, l: Math.min(220, 20 + 7 * Math.max(2, ...rowLabels.map((t) => t.length))) } }), config),
   ]);
   for (const chart of [band, coverage, heat]) {
     chart.on("plotly_relayout", (event) => {
@@ -478,6 +488,32 @@ async function showDistributed(run, rankKeys, params, body) {
   main.dataset.ready = "distributed";
 }
 
+// Ranks grouped by the host they run on: a dead or slow node is one row, not eight.
+function nodeCard(nodes, strag) {
+  const scores = Object.fromEntries(((strag && strag.nodes) || []).map((n) => [n.node, n]));
+  const rows = table([
+    { title: "node", value: (n) => n.node ?? "(none said)" },
+    { title: "ranks", value: (n) => n.ranks.length, render: (n) => rankRanges(n.ranks), num: true },
+    { title: "missing", value: (n) => n.missing_ranks.length,
+      render: (n) => el("span", { class: n.missing_ranks.length ? "bad" : "", text: n.missing_ranks.length ? rankRanges(n.missing_ranks) : "–" }), num: true },
+    { title: "mean delta", value: (n) => n.mean_delta, num: true },
+    { title: "mean |z|", value: (n) => n.mean_abs_z, num: true },
+    { title: "outlier steps", value: (n) => n.outlier_steps, num: true },
+    { title: "straggler score", value: (n) => scores[n.node]?.score ?? null, num: true,
+      render: (n) => { const sc = scores[n.node]; return el("span", { class: sc?.straggler ? "bad" : "", text: sc ? fmt(sc.score, 3) : "–" }); } },
+  ], nodes, { sortable: true, id: "nodes" });
+  return el("div", { class: "card" }, el("h3", { text: `Nodes (${nodes.length})` }), scrollBox(rows, true));
+}
+
+function rankRanges(ranks) {
+  const parts = [];
+  for (const r of ranks) {
+    const last = parts[parts.length - 1];
+    if (last && last[1] === r - 1) last[1] = r; else parts.push([r, r]);
+  }
+  return parts.map(([a, b]) => (a === b ? `${a}` : `${a}–${b}`)).join(", ");
+}
+
 function stragglerCard(strag) {
   const flagged = strag.ranks.filter((r) => r.straggler);
   const verdict = flagged.length
@@ -485,6 +521,7 @@ function stragglerCard(strag) {
     : "no straggler";
   const rows = table([
     { title: "rank", value: (r) => r.rank, num: true },
+    { title: "node", value: (r) => r.node ?? "" },
     { title: "median ms", value: (r) => r.median, num: true },
     { title: "score", value: (r) => r.score, num: true,
       render: (r) => el("span", { class: r.straggler ? "bad" : "", text: fmt(r.score, 3) }) },
