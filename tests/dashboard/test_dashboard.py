@@ -421,3 +421,34 @@ def test_the_node_table_and_a_heatmap_grouped_by_node(
     assert labels[8:] == [f"node-b · {r}" for r in range(1, 16, 2)]
     shot(page, "nodes")
     assert page.errors == []
+
+
+def test_runs_compared_side_by_side(page: Any, server: ServerProcess, api: httpx.Client) -> None:
+    """Tick two runs on the runs list, compare: their bands overlaid, their per-rank,
+    node and straggler tables side by side."""
+    from tests.server.test_compare import _job
+
+    before, after = _job(api, 3, 2.0), _job(api, None, 1.5)
+    page.goto(f"{server.url}/?token={server.admin_key}#/runs?project=compare")
+    page.wait_for_selector("main[data-ready=runs]")
+    assert page.is_disabled("#compare")
+    page.check(f"input.pick[data-run='{before}']")
+    assert page.is_disabled("#compare")  # one run: nothing to compare
+    page.check(f"input.pick[data-run='{after}']")
+    page.click("#compare")
+    page.wait_for_selector("main[data-ready=compare]")
+    assert page.input_value("#compare-key") == "train/loss"
+    names = page.evaluate("document.getElementById('compare-band').data.map((t) => t.name)")
+    assert f"{before} mean" in names and f"{after} mean" in names
+    cards = page.locator("#compare-runs > .card")
+    assert cards.count() == 2
+    assert cards.nth(0).get_attribute("data-run") == before
+    assert cards.nth(0).locator("#stragglers tbody tr").count() == 4
+    assert cards.nth(0).locator("#nodes span.bad").count() == 1  # n1's score, before the fix
+    assert cards.nth(1).locator("#nodes span.bad").count() == 0
+    assert cards.nth(1).locator("tbody tr").count() >= 4
+    shot(page, "compare")
+    page.select_option("#compare-key", "perf/forward_ms")
+    page.wait_for_selector("main[data-ready=compare]")
+    wait_until(page, "document.getElementById('compare-key').value === 'perf/forward_ms'")
+    assert page.errors == []

@@ -78,6 +78,14 @@ def ranks(args: argparse.Namespace) -> int:
             f"`instantml ranks` draws with rich ({exc.name} is missing):"
             " pip install 'instantml[cli]'"
         ) from None
+    if args.compare:
+        from ..summary.terminal import print_compare
+
+        params = {"runs": ",".join([args.run_id, *args.compare]), "max_points": args.width}
+        if args.key:
+            params["key"] = args.key
+        print_compare(call("GET", "/api/compare", params=params))
+        return 0
     run = quote(args.run_id, safe="")
     series = call("GET", f"/api/runs/{run}/keys")["keys"]
     keys = sorted(s["key"] for s in series if s["kind"] == "rank")
@@ -168,5 +176,12 @@ def add_commands(commands: Any) -> None:
         type=int,
         default=200,
         help="with --stragglers: the last N steps scored (default 200)",
+    )
+    summary.add_argument(
+        "--compare",
+        action="append",
+        default=None,
+        metavar="RUN_ID",
+        help="compare with this run (repeatable): the runs side by side on one key",
     )
     summary.set_defaults(func=ranks)

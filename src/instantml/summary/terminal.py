@@ -207,3 +207,58 @@ def render_stragglers(results: list[dict[str, Any]], shown: int = 8) -> Group:
 
 def print_stragglers(results: list[dict[str, Any]], console: Console | None = None) -> None:
     (console or Console()).print(render_stragglers(results))
+
+
+def render_compare(answer: dict[str, Any], worst: int = 5) -> Group:
+    """Runs side by side on one key: a column per run (the last step's reducers, coverage,
+    missing ranks, the noisiest ranks, slow nodes) and each run's mean as a sparkline."""
+    runs = answer["runs"]
+    table = Table(title=f"{answer['key']}: {len(runs)} runs", title_justify="left")
+    table.add_column("")
+    for entry in runs:
+        table.add_column(entry["run"]["id"], justify="right")
+
+    def row(name: str, cell: Any) -> None:
+        table.add_row(name, *(cell(entry) for entry in runs))
+
+    def last(name: str) -> Any:
+        return lambda e: "-" if e["last"] is None else _num(e["last"].get(name))
+
+    row("status", lambda e: e["run"]["status"])
+    row("world size", lambda e: str(e["world_size"]))
+    row("steps", lambda e: "-" if e["step_range"] is None else "{}-{}".format(*e["step_range"]))
+    for name in ("mean", "weighted_mean", "p50", "p95", "std"):
+        row(f"last {name.replace('_', ' ')}", last(name))
+    row("full steps", lambda e: str(e["coverage"]["full_steps"]))
+    row("missing", lambda e: rank_ranges([m["rank"] for m in e["coverage"]["missing"]]) or "-")
+    row(
+        f"noisiest {worst}",
+        lambda e: ", ".join(str(r["rank"]) for r in e["ranks"][:worst]) or "-",
+    )
+    row(
+        "slow nodes",
+        lambda e: (
+            ", ".join(
+                n["node"] or "-"
+                for n in ((e["stragglers"] or {}).get("nodes") or [])
+                if n["straggler"]
+            )
+            or "-"
+        ),
+    )
+    row(
+        "stragglers",
+        lambda e: ", ".join(map(str, (e["stragglers"] or {}).get("stragglers") or [])) or "-",
+    )
+    lines = [
+        Text.assemble(
+            (f"{e['run']['id']}: ", "bold"),
+            sparkline([s["mean"] for s in e["steps"] if s["mean"] is not None]),
+        )
+        for e in runs
+    ]
+    return Group(table, Panel(Group(*lines), title="mean across ranks", expand=False))
+
+
+def print_compare(answer: dict[str, Any], console: Console | None = None) -> None:
+    (console or Console()).print(render_compare(answer))

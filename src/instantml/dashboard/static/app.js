@@ -172,7 +172,22 @@ async function showRuns(params) {
   select.addEventListener("change", () => {
     location.hash = select.value ? `#/runs?project=${encodeURIComponent(select.value)}` : "#/runs";
   });
+  // Runs ticked here open side by side in the compare view.
+  const picked = new Set();
+  const compareButton = el("button", { id: "compare", text: "Compare selected", disabled: "" });
+  compareButton.addEventListener("click", () => {
+    location.hash = `#/compare?${new URLSearchParams({ runs: [...picked].join(",") })}`;
+  });
+  const pick = (r) => {
+    const box = el("input", { type: "checkbox", class: "pick", "data-run": r.id, "aria-label": `compare ${r.id}` });
+    box.addEventListener("change", () => {
+      if (box.checked) picked.add(r.id); else picked.delete(r.id);
+      compareButton.disabled = picked.size < 2 || picked.size > 8;
+    });
+    return box;
+  };
   const runs = table([
+    { title: "", value: () => 0, render: pick },
     { title: "name", value: (r) => r.name || r.id,
       render: (r) => el("a", { href: `#/runs/${encodeURIComponent(r.id)}`, class: "run-link", text: r.name || r.id }) },
     { title: "project", value: (r) => r.project },
@@ -188,7 +203,7 @@ async function showRuns(params) {
     { title: "id", value: (r) => r.id, render: (r) => (r.name ? el("code", { text: r.id }) : "") },
   ], shown.runs, { sortable: true, id: "runs" });
   main.replaceChildren(el("div", { class: "card" },
-    el("div", { class: "toolbar" }, el("h3", { text: `Runs (${shown.runs.length})` }), select), tableWrap(runs)));
+    el("div", { class: "toolbar" }, el("h3", { text: `Runs (${shown.runs.length})` }), select, compareButton), tableWrap(runs)));
   main.dataset.ready = "runs";
 }
 
@@ -534,6 +549,66 @@ function stragglerCard(strag) {
     scrollBox(rows, true));
 }
 
+// ---------- runs side by side ----------
+
+const RUN_COLOURS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#db2777"];
+
+async function showCompare(params) {
+  crumbs({ text: "Runs", href: "#/runs" }, { text: "Compare" });
+  const ids = (params.get("runs") || "").split(",").filter(Boolean);
+  const query = new URLSearchParams({ runs: ids.join(","), max_points: "500" });
+  if (params.get("key")) query.set("key", params.get("key"));
+  const [c, ...keyLists] = await Promise.all([
+    api(`/api/compare?${query}`),
+    ...ids.map((id) => api(`/api/runs/${encodeURIComponent(id)}/keys`)),
+  ]);
+  // The rank keys every run has: the ones they can be compared on.
+  const shared = keyLists.map((k) => new Set(k.keys.filter((x) => x.kind === "rank").map((x) => x.key)))
+    .reduce((a, b) => new Set([...a].filter((x) => b.has(x))));
+  const select = el("select", { id: "compare-key" }, ...[...shared].sort().map((k) => el("option", { value: k, text: k })));
+  select.value = c.key;
+  select.addEventListener("change", () => {
+    location.hash = `#/compare?${new URLSearchParams({ runs: ids.join(","), key: select.value })}`;
+  });
+  const band = el("div", { class: "chart tall", id: "compare-band" });
+  main.replaceChildren(
+    el("div", { class: "toolbar" }, el("label", { text: "metric " }, select),
+      el("span", { class: "muted", text: `${c.runs.length} runs` })),
+    el("div", { class: "card" }, el("h3", { text: "Across ranks: mean and p05–p95 of each run" }), band));
+  const side = el("div", { class: "compare-grid", id: "compare-runs", style: `display:grid;grid-template-columns:repeat(${c.runs.length}, minmax(0, 1fr));gap:12px` });
+  c.runs.forEach((r, i) => {
+    const ranks = table([
+      { title: "rank", value: (x) => x.rank, num: true }, { title: "node", value: (x) => x.node ?? "" },
+      { title: "mean delta", value: (x) => x.mean_delta, num: true }, { title: "mean |z|", value: (x) => x.mean_abs_z, num: true },
+      { title: "outlier steps", value: (x) => x.outlier_steps, num: true }, { title: "last step", value: (x) => x.last_step, num: true },
+    ], r.ranks, { sortable: true, id: `ranks-${i}` });
+    const card = el("div", { class: "card", "data-run": r.run.id },
+      el("h3", {}, el("span", { style: `color:${RUN_COLOURS[i % RUN_COLOURS.length]}`, text: "■ " }),
+        el("a", { href: `#/runs/${encodeURIComponent(r.run.id)}/distributed?${new URLSearchParams({ key: c.key })}`, text: r.run.name || r.run.id })),
+      el("p", { class: "muted", text: `world size ${r.world_size} · ${r.coverage.full_steps} full steps · ${r.coverage.missing.length} missing` +
+        (r.last ? ` · last mean ${fmt(r.last.mean)}` : "") }));
+    if (r.nodes.length) card.append(nodeCard(r.nodes, r.stragglers));
+    if (r.stragglers) card.append(stragglerCard(r.stragglers));
+    card.append(el("h4", { text: "Per rank (noisiest first)" }), scrollBox(ranks, true));
+    side.append(card);
+  });
+  main.append(side);
+  const traces = [];
+  c.runs.forEach((r, i) => {
+    const colour = RUN_COLOURS[i % RUN_COLOURS.length];
+    const x = r.steps.map((p) => p.step);
+    const name = r.run.name || r.run.id;
+    traces.push(
+      { x, y: r.steps.map((p) => p.p95), mode: "lines", line: { width: 0, color: colour }, hoverinfo: "skip", showlegend: false, legendgroup: name },
+      { x, y: r.steps.map((p) => p.p05), mode: "lines", line: { width: 0, color: colour }, fill: "tonexty", opacity: 0.2, name: `${name} p05–p95`, legendgroup: name },
+      { x, y: r.steps.map((p) => p.mean), mode: "lines", line: { width: 2, color: colour }, name: `${name} mean`, legendgroup: name });
+  });
+  await plotlyReady;
+  await Plotly.newPlot(band, traces, { margin: { t: 10, r: 10, b: 35, l: 55 }, xaxis: { title: { text: "step" } },
+    yaxis: { title: { text: esc(c.key) } }, legend: { orientation: "h" } }, PLOTLY_CONFIG);
+  main.dataset.ready = "compare";
+}
+
 // ---------- routing ----------
 
 async function route({ refresh = false } = {}) {
@@ -554,6 +629,7 @@ async function route({ refresh = false } = {}) {
   const { parts, params } = parseHash();
   try {
     if (parts[0] === "runs" && parts[1]) await showRun(parts[1], parts[2] === "distributed" ? "distributed" : "overview", params);
+    else if (parts[0] === "compare") await showCompare(params);
     else await showRuns(params);
   } catch (error) {
     if (token !== renderToken) return;

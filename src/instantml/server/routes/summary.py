@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from ...rankmath.params import SummaryParams, default_key
-from ...rankmath.stragglers import DEFAULT_KEY, DEFAULT_WINDOW, scores
+from ...rankmath.stragglers import DEFAULT_KEY, DEFAULT_WINDOW, is_timing_key, scores
 from ...storage.querier import drive
 from ...storage.records import RANK, ApiKeyRecord, RankActivity
 from ...summary.assemble import assemble
@@ -66,7 +66,6 @@ async def distributed(
     """Reducers across ranks per step, coverage, rank x step heatmap, outliers, the
     per-rank rollup and the ranks grouped by node, of one key (default: a loss)."""
     found = services(request)
-    points = found.stores.points
     keys, metric, sid = await _rank_series(found, key.org_id, run_id, metric)
     try:
         params = SummaryParams(
@@ -74,6 +73,17 @@ async def distributed(
         )
     except ValueError as exc:
         raise ApiError(422, str(exc)) from None
+    answer = await _summary(found, key.org_id, run_id, sid, params, order)
+    # Rendered straight by orjson: the answer is already plain data, and validating a
+    # 100k-cell heatmap as ``dict[str, Any]`` would cost more than reading it.
+    return JSONResponse({"run_id": run_id, "key": metric, "keys": keys, **answer})
+
+
+async def _summary(
+    found: Services, org_id: int, run_id: str, sid: int, params: SummaryParams, order: str
+) -> dict[str, Any]:
+    """The Distributed summary of one series, as the route answers it."""
+    points = found.stores.points
     # Answer with every point committed before the request: stale aggregates are brought
     # up to date first, by the writer (the only thread that writes).
     if await run_in_threadpool(points.needs_refresh, sid):
@@ -83,17 +93,13 @@ async def distributed(
     reading = points.summary_reading(sid, params)
     rows = await run_in_threadpool(drive, reading, found.writer.wait_quiet)
     answer = assemble(rows, params)
-    activity = await run_in_threadpool(found.stores.runs.rank_activity, key.org_id, run_id)
-    await run_in_threadpool(
-        _live_coverage, found, key.org_id, run_id, sid, params, answer, activity
-    )
+    activity = await run_in_threadpool(found.stores.runs.rank_activity, org_id, run_id)
+    await run_in_threadpool(_live_coverage, found, org_id, run_id, sid, params, answer, activity)
     nodes = _nodes(activity)
     add_nodes(answer, nodes)
     if order == "node":
         order_heatmap_by_node(answer["heatmap"], nodes)
-    # Rendered straight by orjson: the answer is already plain data, and validating a
-    # 100k-cell heatmap as ``dict[str, Any]`` would cost more than reading it.
-    return JSONResponse({"run_id": run_id, "key": metric, "keys": keys, **answer})
+    return answer
 
 
 def _nodes(activity: dict[int, RankActivity]) -> dict[int, str]:
@@ -135,11 +141,18 @@ async def stragglers(
     ``straggler_min_ms`` above the fastest, a straggler."""
     found = services(request)
     _, metric, sid = await _rank_series(found, key.org_id, run_id, metric or DEFAULT_KEY)
+    return await _stragglers(found, key.org_id, run_id, metric, sid, window, step_max)
+
+
+async def _stragglers(
+    found: Services, org_id: int, run_id: str, metric: str, sid: int, window: int,
+    step_max: int | None,
+) -> dict[str, Any]:  # fmt: skip
     step_range, medians = await run_in_threadpool(
         found.stores.points.window_medians, sid, window, step_max
     )
-    th = await run_in_threadpool(found.monitor.thresholds, key.org_id, run_id)
-    activity = await run_in_threadpool(found.stores.runs.rank_activity, key.org_id, run_id)
+    th = await run_in_threadpool(found.monitor.thresholds, org_id, run_id)
+    activity = await run_in_threadpool(found.stores.runs.rank_activity, org_id, run_id)
     answer = {
         "run_id": run_id,
         "key": metric,
@@ -152,3 +165,65 @@ async def stragglers(
     }
     node_scores(answer, _nodes(activity))
     return answer
+
+
+MAX_COMPARED = 8
+
+
+@router.get("/api/compare")
+async def compare(
+    request: Request,
+    key: Read,
+    runs: Annotated[str, Query(description="run ids, comma-separated (2 to 8)")],
+    metric: KeyName = None,
+    max_points: Annotated[int, Query(ge=1, le=10_000)] = 500,
+) -> JSONResponse:
+    """Runs side by side on one rank key (default: a loss every run has): per run its
+    record, world size, band (``steps``), last step's reducers (``last``), per-rank rollup,
+    nodes, coverage, and straggler scores of a timing key (the key itself when it is one,
+    else ``perf/forward_ms`` when the run has it)."""
+    found = services(request)
+    run_ids = [r for r in (part.strip() for part in runs.split(",")) if r]
+    if not 2 <= len(run_ids) <= MAX_COMPARED or len(set(run_ids)) != len(run_ids):
+        raise ApiError(422, f"runs: 2 to {MAX_COMPARED} distinct run ids, comma-separated")
+    records = []
+    for run_id in run_ids:
+        record = await run_in_threadpool(found.stores.runs.get_run, key.org_id, run_id)
+        if record is None:
+            raise ApiError(404, f"runs: run {run_id!r} not found")
+        records.append(record)
+    if metric is None:
+        shared = None
+        for run_id in run_ids:
+            keys, _, _ = await _rank_series(found, key.org_id, run_id, None)
+            shared = set(keys) if shared is None else shared & set(keys)
+        if not shared:
+            raise ApiError(404, "key: these runs have no rank metric in common")
+        metric = default_key(sorted(shared))
+    compared = []
+    for record in records:
+        keys, _, sid = await _rank_series(found, key.org_id, record.run_id, metric)
+        params = SummaryParams(metric, None, None, max_points, 1, 3.0, 0)
+        answer = await _summary(found, key.org_id, record.run_id, sid, params, "rank")
+        timing = metric if is_timing_key(metric) else DEFAULT_KEY if DEFAULT_KEY in keys else None
+        stragglers = None
+        if timing is not None:
+            _, _, timing_sid = await _rank_series(found, key.org_id, record.run_id, timing)
+            stragglers = await _stragglers(
+                found, key.org_id, record.run_id, timing, timing_sid, DEFAULT_WINDOW, None
+            )
+        compared.append(
+            {
+                "run": record.to_json(),
+                "world_size": answer["world_size"],
+                "step_range": answer["step_range"],
+                "bucket_size": answer["bucket_size"],
+                "steps": answer["steps"],
+                "last": answer["steps"][-1] if answer["steps"] else None,
+                "ranks": answer["ranks"],
+                "nodes": answer["nodes"],
+                "coverage": answer["coverage"],
+                "stragglers": stragglers,
+            }
+        )
+    return JSONResponse({"key": metric, "runs": compared})
