@@ -3,6 +3,7 @@ one and a ``--before`` tree (a checkout of an earlier commit), on the same data.
 
     .venv/bin/python bench/bench_summary_ab.py --before /path/to/old/checkout
         [--growth 2000,20000,100000] [--repeats 9]
+    .venv/bin/python bench/bench_summary_ab.py --nodes 64 [--growth 20000]
 
 Per run length: 512 ranks loaded once through this tree's stores (``bench_summary``), the
 data dir copied, one server per tree on its copy (run from that tree's ``src`` through
@@ -10,6 +11,10 @@ PYTHONPATH), then the same requests alternated between the two: the default summ
 zoom to 1,000 steps, a non-default z (a scan of the points). Prints each tree's warm
 medians, the ratio this / before, and each server's RSS. The trees must share the store's
 format (the same schema), which is what an A/B of a refactor needs.
+
+``--nodes N`` compares this tree with itself instead: the same run whose ranks said no
+node ("before") against the run whose 512 ranks said N nodes of 512/N ranks ("this"),
+both with every rank's activity stored, as a job on our SDK and on the public one.
 """
 
 from __future__ import annotations
@@ -25,13 +30,32 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_summary import load_store, rss_mb, timed_get
+from bench_summary import RANKS, RUN, load_store, rss_mb, timed_get
 from instantml.server.process import ServerProcess
+from instantml.settings import ServerSettings
+from instantml.storage import open_stores
 
 KINDS = ("default", "zoom", "z=2.5")
 
 
-def compare(steps: int, trees: dict[str, Path], repeats: int) -> dict[str, dict[str, float]]:
+def said_nodes(data: Path, nodes: int) -> None:
+    """Every rank of the run seen, on ``nodes`` nodes of RANKS / nodes ranks (0: none)."""
+    settings = ServerSettings.from_env({}, data_dir=data)
+    stores = open_stores(settings.metadata_url, settings.points_url)
+    org = stores.tenancy.org_id("default")
+    assert org is not None
+    per = max(1, RANKS // nodes) if nodes else 0
+    with stores.unit():
+        ref = stores.runs.resolve(org, [RUN])[RUN]
+        assert ref is not None
+        names = {ref.seq: {r: f"node-{r // per:03d}" for r in range(RANKS)}} if nodes else None
+        stores.runs.saw_ranks({ref.seq: range(RANKS)}, 1.0, names)
+    stores.close()
+
+
+def compare(
+    steps: int, trees: dict[str, Path], repeats: int, nodes: dict[str, int] | None = None
+) -> dict[str, dict[str, float]]:
     with tempfile.TemporaryDirectory() as tmp:
         loaded = Path(tmp) / "loaded"
         load_store(loaded, steps)
@@ -41,6 +65,8 @@ def compare(steps: int, trees: dict[str, Path], repeats: int) -> dict[str, dict[
             for name, src in trees.items():
                 data = Path(tmp) / name
                 shutil.copytree(loaded, data)
+                if nodes is not None:
+                    said_nodes(data, nodes[name])
                 home = Path(tmp) / f"home-{name}"
                 home.mkdir()
                 env = {"PYTHONPATH": str(src), "HOME": str(home)}
@@ -77,14 +103,24 @@ def compare(steps: int, trees: dict[str, Path], repeats: int) -> dict[str, dict[
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--before", type=Path, required=True, help="an older checkout")
+    parser.add_argument("--before", type=Path, help="an older checkout")
+    parser.add_argument("--nodes", type=int, help="instead: this tree with N nodes vs none")
     parser.add_argument("--growth", default="2000,20000,100000")
     parser.add_argument("--repeats", type=int, default=9)
     args = parser.parse_args()
-    trees = {"before": args.before.resolve() / "src", "this": Path(__file__).parent.parent / "src"}
+    this = Path(__file__).parent.parent / "src"
+    nodes = None
+    if args.nodes:
+        trees = {"before": this, "this": this}
+        nodes = {"before": 0, "this": args.nodes}
+        print(f"without nodes (before) against {args.nodes} nodes (this)")
+    elif args.before is not None:
+        trees = {"before": args.before.resolve() / "src", "this": this}
+    else:
+        parser.error("--before or --nodes")
     print(f"cores: {os.cpu_count()}; warm medians over {args.repeats} alternated requests")
     for steps in [int(s) for s in args.growth.split(",") if s]:
-        found = compare(steps, trees, args.repeats)
+        found = compare(steps, trees, args.repeats, nodes)
         print(f"\n512 ranks x {steps:,} steps")
         for kind in KINDS:
             before, this = found["before"][kind], found["this"][kind]
