@@ -452,3 +452,26 @@ def test_runs_compared_side_by_side(page: Any, server: ServerProcess, api: httpx
     page.wait_for_selector("main[data-ready=compare]")
     wait_until(page, "document.getElementById('compare-key').value === 'perf/forward_ms'")
     assert page.errors == []
+
+
+def test_a_real_job_on_two_nodes_in_the_node_table(page: Any, server: ServerProcess) -> None:
+    """16 real rank processes on two named nodes, node-b three times as slow: the
+    Distributed tab's node table flags node-b's straggler score, not node-a's."""
+    from tests.health.test_node_job import launch_on_nodes
+
+    run_id = f"two-nodes-{uuid.uuid4().hex[:6]}"
+    procs = launch_on_nodes(server, run_id)
+    for proc in procs:
+        assert proc.wait(timeout=180) == 0
+    page.goto(
+        f"{server.url}/?token={server.admin_key}#/runs/{run_id}/distributed?key=perf/forward_ms"
+    )
+    page.wait_for_selector("main[data-ready=distributed]")
+    rows = page.locator("#nodes tbody tr")
+    assert rows.count() == 2
+    cells = {rows.nth(i).locator("td").first.inner_text(): rows.nth(i) for i in range(2)}
+    assert cells["node-b"].locator("span.bad").count() == 1
+    assert cells["node-a"].locator("span.bad").count() == 0
+    labels = page.evaluate("document.getElementById('heatmap').data[0].y")
+    assert labels[0] == "node-a · 0" and labels[-1] == "node-b · 15"
+    assert page.errors == []

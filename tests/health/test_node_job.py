@@ -30,6 +30,29 @@ def _missing(rank: int, since: int = 10) -> Finding:
     return Finding("rank_missing", rank, None, since, 5.0, f"rank {rank} is missing")
 
 
+def launch_on_nodes(
+    server: ServerProcess, run_id: str, stop: int | None = None
+) -> list[subprocess.Popen[bytes]]:
+    """WORLD rank processes of one job: ranks 0-7 on node-a, 8-15 on node-b, node-b's
+    forward three times as slow and, with ``stop``, its ranks ending at that step."""
+    procs = []
+    for rank in range(WORLD):
+        node = "node-a" if rank < 8 else "node-b"
+        env = {
+            **os.environ,
+            "RANK": str(rank), "WORLD_SIZE": str(WORLD), "LOCAL_RANK": str(rank % 8),
+            "INSTANTML_RUN_ID": run_id, "INSTANTML_API_BASE_URL": server.url,
+            "INSTANTML_API_KEY": server.admin_key, "INSTANTML_NODE": node,
+        }  # fmt: skip
+        extra = ["--slow", "3"] if node == "node-b" else []
+        if node == "node-b" and stop is not None:
+            extra += ["--exit-at", str(stop)]
+        args = [sys.executable, str(JOB), "--steps", "150", "--delay", str(0.1 * rank),
+                *extra]  # fmt: skip
+        procs.append(subprocess.Popen(args, env=env))
+    return procs
+
+
 def test_a_whole_node_missing_is_one_finding() -> None:
     activity = _activity({r: "a" if r < 4 else "b" for r in range(8)})
     found = node_missing([_missing(r, 10 + r) for r in (4, 5, 6, 7)], set(), activity, 8)
@@ -57,19 +80,7 @@ def test_a_slow_node_then_a_dead_node(
     with _api(server) as api:
         hook = {"url": receiver.url, "kinds": ["rank_missing", "node_missing"]}
         assert api.post("/api/webhooks", json=hook).status_code == 201
-        procs = []
-        for rank in range(WORLD):
-            node = "node-a" if rank < 8 else "node-b"
-            env = {
-                **os.environ,
-                "RANK": str(rank), "WORLD_SIZE": str(WORLD), "LOCAL_RANK": str(rank % 8),
-                "INSTANTML_RUN_ID": run_id, "INSTANTML_API_BASE_URL": server.url,
-                "INSTANTML_API_KEY": server.admin_key, "INSTANTML_NODE": node,
-            }  # fmt: skip
-            extra = ["--slow", "3", "--exit-at", str(STOP)] if node == "node-b" else []
-            args = [sys.executable, str(JOB), "--steps", "150", "--delay", str(0.1 * rank),
-                    *extra]  # fmt: skip
-            procs.append(subprocess.Popen(args, env=env))
+        procs = launch_on_nodes(server, run_id, stop=STOP)
         for proc in procs:
             proc.wait(timeout=180)
         assert [p.returncode for p in procs] == [0] * 8 + [1] * 8
