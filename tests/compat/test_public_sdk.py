@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from instantml.server.process import ServerProcess
-from tests.helpers import stored_keys, stored_rank_points
+from tests.helpers import stored_keys, stored_rank_points, stored_scalars
 
 PUBLIC_PYTHON = os.environ.get("INSTANTML_PUBLIC_SDK_PYTHON")
 JOB = Path(__file__).with_name("public_sdk_job.py")
@@ -62,9 +62,7 @@ def test_public_sdk_mode(
         # failed or dropped (each of those requests was refused with a 422 before).
         assert {"system/instantml/upload_lag_seconds", "system/instantml/failed_events"} <= health
         for key in ("failed_events", "dropped_events"):
-            series = api.get(
-                f"/api/runs/{run_id}/metrics", params={"metric": f"system/instantml/{key}"}
-            ).json()
+            series = stored_scalars(api, run_id, f"system/instantml/{key}")
             assert series["points"] and all(value == 0 for _, value in series["points"]), series
             assert all(step > 1.7e9 for step, _ in series["points"])  # unix times
         assert run["last_step"] == 4

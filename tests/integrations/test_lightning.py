@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 
 from instantml.server.process import ServerProcess
-from tests.helpers import stored_rank_points
+from tests.helpers import stored_rank_points, stored_scalars
 from tests.integrations.conftest import HERE, needs, only_run, ranks_of, run_job
 
 SLOW = 2
@@ -40,6 +40,6 @@ def test_every_rank_logs_into_one_run_and_the_slow_one_is_flagged(
     keys = {k["key"]: k["kind"] for k in api.get(f"/api/runs/{run_id}/keys").json()["keys"]}
     assert keys["train_loss"] == "scalar"
     # The last val_loss is logged when a validation made it, not again at every step after.
-    val = api.get(f"/api/runs/{run_id}/metrics", params={"key": "val_loss"}).json()["points"]
+    val = stored_scalars(api, run_id, "val_loss")["points"]
     assert [step for step, _ in val] == [10, 26], val  # not at steps 11-25, 27-30
     assert val[0][1] != val[1][1]

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from instantml.server.process import ServerProcess, free_port
-from tests.helpers import stored_rank_points
+from tests.helpers import stored_rank_points, stored_scalars
 from tests.integrations.conftest import HERE, needs, only_run, ranks_of, run_job
 
 
@@ -46,10 +46,10 @@ def test_each_rank_logs_its_own_loss_into_one_run(
     assert by_rank[0] != by_rank[1]  # each rank's own batches, not the Trainer's mean
     keys = {k["key"]: k["kind"] for k in api.get(f"/api/runs/{run_id}/keys").json()["keys"]}
     assert keys.get("loss") == "scalar"  # rank 0's copy of the Trainer's own logs
-    trainer = api.get(f"/api/runs/{run_id}/metrics", params={"key": "loss"}).json()["points"]
+    trainer = stored_scalars(api, run_id, "loss")["points"]
     assert [int(step) for step, _ in trainer] == steps
     for step, logged in trainer:
-        mine = [p[2] for p in points["points"] if p[0] == step]
+        mine = [p[2] for p in points if p[0] == step]
         assert abs(sum(mine) / len(mine) - logged) <= 0.1 * logged, (step, mine, logged)
     assert run["config"]["model/n_embd"] == 16 and run["config"]["logging_steps"] == 2
     assert run["config"]["optim_args"] is None  # None as null, not the text "None"
