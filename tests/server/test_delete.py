@@ -194,16 +194,36 @@ def test_retention_deletes_only_runs_past_their_days(
     _age(data, stores_env(data), ["old", "old-kept", "old-long"], 3)
     env = {"INSTANTML_RETENTION_DAYS": "2", "INSTANTML_RETENTION_CHECK_SECONDS": "1"}
     server = start_server(data, env=env)
+    stop = threading.Event()
+    accepted: list[int] = []
+
+    def busy() -> None:
+        """Writes one after another: the writer is never idle, retention must still run."""
+        with admin_client(server) as own:
+            step = 5
+            while not stop.is_set():
+                body = rank_body(step=step, rank=0, world_size=4, metrics={"loss": 1.0})
+                if own.post("/runs/new/rank-metrics", json=body).status_code == 200:
+                    accepted.append(step)
+                step += 1
+
+    writer = threading.Thread(target=busy)
+    writer.start()
+    try:
+        with admin_client(server) as api:
+            deadline = time.monotonic() + 30
+            while api.get("/runs/old").status_code != 404:
+                assert time.monotonic() < deadline, "the run past its retention was not deleted"
+                time.sleep(0.2)
+    finally:
+        stop.set()
+        writer.join()
     with admin_client(server) as api:
-        deadline = time.monotonic() + 30
-        while api.get("/runs/old").status_code != 404:
-            assert time.monotonic() < deadline, "the run past its retention was not deleted"
-            time.sleep(0.2)
         time.sleep(1.5)  # another check: nothing else goes
         kept = {r["id"] for r in api.get("/api/runs").json()["runs"]}
         assert kept == {"old-kept", "old-long", "new"}
         assert api.get("/api/runs/old/rank-points", params={"key": "loss"}).status_code == 404
-        assert api.get("/api/usage").json()["used"] == used
+        assert api.get("/api/usage").json()["used"] == used + len(accepted)  # none given back
 
 
 @pytest.mark.skipif(STORES != "duckdb", reason="the embedded file's blocks")

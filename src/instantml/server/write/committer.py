@@ -179,8 +179,10 @@ class GroupCommitter:
                     self._purge_waiters.append((answer, loop))
                 else:
                     loop.call_soon_threadsafe(_resolve, answer, False)
-            # One bounded unit of a deletion's purge between write groups.
+            # One bounded unit of a deletion's purge between write groups, and runs past
+            # their retention when a look is due (a server never idle still applies it).
             self._purge()
+            self._deleter.expire()
             # Under sustained load the writer is never idle: keep the backlog bounded, so
             # that a summary read never has more than this to bring up to date.
             if self._service.backlog() >= MAX_BACKLOG:

@@ -20,7 +20,10 @@ log = logging.getLogger(__name__)
 
 PURGE_ROWS = 200_000  # rows removed per unit of a deleted run's purge
 PURGE_SERIES = 64  # series purged together in one unit
-EXPIRED_PER_CHECK = 100  # runs past their retention deleted per look
+# Runs past their retention deleted per look: a look between write groups holds them up
+# for at most this many small units (more due: looked at again at once).
+EXPIRED_PER_CHECK = 10
+FIRST_CHECK_SECONDS = 60.0
 RETRY_SECONDS = 1.0  # a purge that failed in storage is tried again after this
 
 
@@ -29,7 +32,8 @@ class Deleter:
         self.stores = stores
         self.retention_days = retention_days
         self.check_seconds = check_seconds
-        self._next_check = time.monotonic()
+        # The first look a little after start, once the server is taking writes.
+        self._next_check = time.monotonic() + min(check_seconds, FIRST_CHECK_SECONDS)
         self.pending = True  # a purge may be left from before a restart: look once
         # Told each run deleted (org id, run id): the health monitor forgets it.
         self.on_deleted: Callable[[int, str], None] | None = None
