@@ -34,6 +34,7 @@ RANK_CASES: list[tuple[str, dict[str, Any], str]] = [
     ("513-byte key", rank_body(metrics={"k" * 513: 1.0}), "metrics"),
     ("513-byte multibyte key", rank_body(metrics={"é" * 256 + "k": 1.0}), "metrics"),
     ("NUL in a key", rank_body(metrics={"train\x00loss": 1.0}), "metrics"),
+    ("NUL in a node", rank_body(node="host\x00a"), "node"),
     ("world_size 0", rank_body(world_size=0, rank=0, local_rank=None), "world_size"),
     ("world_size 513", rank_body(world_size=513), "world_size"),
     ("rank = world_size", rank_body(rank=8), "rank"),

@@ -36,6 +36,10 @@ BENDS: dict[str, Any] = {
     "null local rank": ("local_rank", None),
     "huge step": ("step", 2**63),
     "world size 513": ("world_size", 513),
+    # The batch decoder leaves the NUL rule to one check per distinct name (wire.RankFields).
+    "NUL in a name": ("metrics", {"lo\x00ss": 1.0}),
+    "NUL in a node": ("node", "host\x00a"),
+    "node": ("node", "host-a"),
 }
 
 

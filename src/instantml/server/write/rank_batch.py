@@ -2,7 +2,7 @@
 
 An uploader's batch is thousands of events that are all ``POST /runs/{id}/rank-metrics``
 with plainly valid bodies. msgspec decodes such a batch straight into typed records
-(:class:`RankBody`), checking types and ranges as it parses, and :class:`RankEventsBuilder`
+(:class:`RankFields`), checking types and ranges as it parses, and :class:`RankEventsBuilder`
 appends them to columns without building a dict or a write object per event.
 
 A batch that does not decode that way as a whole (a run's creation in it, a bad event)
@@ -110,6 +110,15 @@ _FIELDS = [
 _NONFINITE = attrgetter("nonfinite")
 
 
+def _has_nul(names: Iterable[str], nodes: Iterable[str | None]) -> bool:
+    """Whether a metric name or a node holds NUL, which :class:`RankFields` leaves to be
+    checked once per distinct value: such an event goes to the general path, which
+    refuses it naming the field."""
+    return any("\x00" in name for name in names) or any(
+        node is not None and "\x00" in node for node in set(nodes)
+    )
+
+
 def columns_of(events: list[RankEvent], org_id: int, now: float) -> RankEvents | None:
     """Decoded events as one write, in columns, if every one is plain (what
     :meth:`RankEventsBuilder.take` takes); else None. The same columns the builder gives,
@@ -147,6 +156,8 @@ def columns_of(events: list[RankEvent], org_id: int, now: float) -> RankEvents |
         dtype=">i8",
     ).astype(np.int64)
     matrix = MetricMatrix.of(metrics)
+    if _has_nul(matrix.names if matrix is not None else set().union(*metrics), nodes):
+        return None
     return RankEvents(
         org_id,
         [runs[path] for path in paths] if len(runs) > 1 else [runs[paths[0]]] * len(paths),
@@ -189,6 +200,8 @@ class RankEventsBuilder:
         size = body.world_size
         local_rank = body.local_rank
         if run_id is None or body.rank >= size or body.nonfinite is not None:
+            return False
+        if _has_nul(body.metrics, (body.node,)):
             return False
         if local_rank is None:
             local_rank = -1

@@ -93,10 +93,11 @@ class RankColumns:
             self.count(run, values.size)
             self.ranks.setdefault(run.seq, set()).update(np.unique(picked["rank"]).tolist())
             nodes = write.nodes if len(groups) == 1 else [write.nodes[i] for i in members]
-            if any(nodes):  # later events win: a dict keeps the last value of each rank
-                said = dict(zip(picked["rank"].tolist(), nodes, strict=True))
+            if any(nodes):  # a rank's last node said wins; an event without one says nothing
                 self.nodes.setdefault(run.seq, {}).update(
-                    (rank, node) for rank, node in said.items() if node is not None
+                    (rank, node)
+                    for rank, node in zip(picked["rank"].tolist(), nodes, strict=True)
+                    if node is not None
                 )
             if not np.isfinite(values).all():
                 self.nonfinite.add((write.org_id, run_id))

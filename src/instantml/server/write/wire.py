@@ -74,10 +74,15 @@ class ScalarBody(msgspec.Struct):
 
 # gc=False: these hold no cycles, and a batch makes tens of thousands of them; the cyclic
 # collector need not track (or walk) any.
-class RankBody(msgspec.Struct, gc=False):
-    """``POST /runs/{run_id}/rank-metrics``: one rank's metrics at a global step."""
+class RankFields(msgspec.Struct, gc=False):
+    """A rank-metrics body as ``/api/ingest`` decodes it: :class:`RankBody` less the NUL
+    rule on metric names and ``node``, which the batch path checks once per distinct name
+    (``rank_batch.py``): a pattern matched on every name of every event was the largest
+    part of decoding a batch. Same fields, so the same canonical form."""
 
-    metrics: Metrics
+    metrics: Annotated[
+        dict[Annotated[str, Meta(min_length=1, max_length=128)], float], Meta(min_length=1)
+    ]
     step: Step
     rank: Rank
     world_size: Annotated[int, Meta(ge=1, le=MAX_WORLD_SIZE)]
@@ -87,11 +92,18 @@ class RankBody(msgspec.Struct, gc=False):
     # The host the rank runs on (our SDK sends it; the public SDK never does). Left out of
     # the fingerprint when absent (``idempotency.canonical``), so keys from before it
     # existed replay as they did.
-    node: Annotated[str, Meta(max_length=MAX_NODE, pattern="^[^\x00]*$")] | None = None
+    node: Annotated[str, Meta(max_length=MAX_NODE)] | None = None
     # Declared so that it is never silently dropped (msgspec ignores unknown fields) and
     # enters the fingerprint (typed as it always was, so a key's fingerprint never
     # changes); an event that has it is taken by validate.py, which checks the marks.
     nonfinite: dict[str, str] | None = None
+
+
+class RankBody(RankFields, gc=False):
+    """``POST /runs/{run_id}/rank-metrics``: one rank's metrics at a global step."""
+
+    metrics: Metrics
+    node: Annotated[str, Meta(max_length=MAX_NODE, pattern="^[^\x00]*$")] | None = None
 
 
 class AttributesBody(msgspec.Struct):
@@ -137,11 +149,11 @@ class IngestBody(msgspec.Struct):
 class RankRequest(msgspec.Struct, gc=False):
     method: str
     path: str
-    body: RankBody
+    body: RankFields
 
 
 class RankEvent(msgspec.Struct, gc=False):
-    """An ``/api/ingest`` event whose body decodes as a :class:`RankBody`."""
+    """An ``/api/ingest`` event whose body decodes as :class:`RankFields`."""
 
     event_id: Annotated[str, Meta(min_length=1, max_length=MAX_EVENT_ID)]
     request: RankRequest
