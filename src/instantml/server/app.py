@@ -20,6 +20,7 @@ from ..storage.protocols import Stores
 from . import errors, schemas, unsupported
 from .auth import KeyRing
 from .context import Services, services
+from .fastpath import WriteFastPath
 from .memory import HeapTrimmer
 from .ratelimit import RateLimiter
 from .responses import JSONResponse
@@ -89,6 +90,7 @@ def create_app(settings: ServerSettings, stores: Stores | None = None) -> FastAP
     )
     app.state.settings = settings  # read before startup (body limits, the dashboard)
     errors.install(app)
+    app.add_middleware(WriteFastPath)
     app.include_router(writes.router)
     app.include_router(runs.router)
     app.include_router(metrics.router)

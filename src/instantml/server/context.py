@@ -39,15 +39,20 @@ def services(request: Request) -> Services:
     return cast(Services, request.app.state.services)
 
 
+async def authorize(request: Request, scope: str) -> ApiKeyRecord:
+    """The caller's key, which must carry ``scope``; one request taken from its rate."""
+    found = services(request)
+    record = await found.keys.authenticate(request)
+    found.limiter.take(record.key_id)
+    if scope not in record.scopes and "admin" not in record.scopes:
+        raise ApiError(403, f"Authorization: this API key lacks the {scope!r} scope")
+    return record
+
+
 def require(scope: str) -> Callable[[Request], Coroutine[Any, Any, ApiKeyRecord]]:
     """A FastAPI dependency: the caller's key, which must carry ``scope``."""
 
     async def dependency(request: Request) -> ApiKeyRecord:
-        found = services(request)
-        record = await found.keys.authenticate(request)
-        found.limiter.take(record.key_id)
-        if scope not in record.scopes and "admin" not in record.scopes:
-            raise ApiError(403, f"Authorization: this API key lacks the {scope!r} scope")
-        return record
+        return await authorize(request, scope)
 
     return dependency

@@ -41,6 +41,16 @@ def bad_input(exc: Exception) -> ApiError:
     return ApiError(422, str(exc))
 
 
+def api_error_response(exc: ApiError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+def storage_error_response(exc: StorageError) -> JSONResponse:
+    # An engine down or refusing for now (its detail goes to the log, not the client).
+    log.warning("storage unavailable: %s", exc)
+    return JSONResponse({"error": "storage unavailable; retry"}, status_code=503)
+
+
 def _field_name(loc: tuple[object, ...]) -> str:
     parts = [str(p) for p in loc if p not in ("query", "path", "body", "header")]
     return ".".join(parts) or "request"
@@ -49,7 +59,7 @@ def _field_name(loc: tuple[object, ...]) -> str:
 def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+        return api_error_response(exc)
 
     @app.exception_handler(HTTPException)
     async def _http_error(_: Request, exc: HTTPException) -> JSONResponse:
@@ -65,9 +75,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StorageError)
     async def _storage_error(_: Request, exc: StorageError) -> JSONResponse:
-        # An engine down or refusing for now (its detail goes to the log, not the client).
-        log.warning("storage unavailable: %s", exc)
-        return JSONResponse({"error": "storage unavailable; retry"}, status_code=503)
+        return storage_error_response(exc)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

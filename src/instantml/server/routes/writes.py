@@ -1,6 +1,8 @@
 """The single write routes, registered from the write path's one table
 (``write/table.py``): each reads its JSON body, validates it into a command and applies it
-with the request's Idempotency-Key."""
+with the request's Idempotency-Key. ``server/fastpath.py`` answers the same requests with
+the same :func:`write` ahead of FastAPI's router; these routes are what the OpenAPI schema
+documents."""
 
 from __future__ import annotations
 
@@ -21,16 +23,22 @@ router = APIRouter()
 Ingest = Annotated[ApiKeyRecord, Depends(require("ingest"))]
 
 
+async def write(
+    request: Request, route: WriteRoute, run_id: str, key: ApiKeyRecord
+) -> JSONResponse:
+    body = await read_json_object(request)
+    command = route.build(key.org_id, run_id, body)
+    return await apply_one(request, key.org_id, command, body)
+
+
 def _endpoint(route: WriteRoute) -> Callable[..., Awaitable[JSONResponse]]:
-    async def write(request: Request, run_id: str, key: Ingest) -> JSONResponse:
-        body = await read_json_object(request)
-        command = route.build(key.org_id, run_id, body)
-        return await apply_one(request, key.org_id, command, body)
+    async def on_run(request: Request, run_id: str, key: Ingest) -> JSONResponse:
+        return await write(request, route, run_id, key)
 
     async def create(request: Request, key: Ingest) -> JSONResponse:
-        return await write(request, "", key)
+        return await write(request, route, "", key)
 
-    endpoint = write if RUN in route.path else create
+    endpoint = on_run if RUN in route.path else create
     endpoint.__doc__ = route.doc
     return endpoint
 
