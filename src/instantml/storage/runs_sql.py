@@ -30,6 +30,7 @@ from .records import (
     run_record,
     run_values,
 )
+from .runs_statements import EXTEND, EXTEND_ONE, SEE_RANKS
 from .sql import SqlEngine
 
 RUN_COLUMNS = (
@@ -318,20 +319,13 @@ class SqlRuns:
         if not changed and not counted:
             return
         seqs = sorted(changed.keys() | counted.keys())
-        # One statement for both: a run given points without growing still gets its count.
-        found = self._engine.execute(
-            "UPDATE runs SET world_size = CASE WHEN e.size > 0"
-            " THEN greatest(coalesce(world_size, 0), e.size) ELSE world_size END,"
-            " last_step = CASE WHEN e.last >= 0 THEN greatest(coalesce(last_step, -1), e.last)"
-            " ELSE last_step END, points = coalesce(points, 0) + e.n, updated_at = %s"
-            " FROM (SELECT unnest(%s::BIGINT[]) AS seq, unnest(%s::INTEGER[]) AS size,"
-            " unnest(%s::BIGINT[]) AS last, unnest(%s::BIGINT[]) AS n) AS e"
-            " WHERE runs.run_seq = e.seq RETURNING runs.run_seq",
-            [
-                time.time(), seqs, [changed.get(q, (0, -1))[0] for q in seqs],
-                [changed.get(q, (0, -1))[1] for q in seqs], [counted.get(q, 0) for q in seqs],
-            ],
-        )  # fmt: skip
+        sizes, lasts = map(list, zip(*(changed.get(q, (0, -1)) for q in seqs), strict=True))
+        points = [counted.get(q, 0) for q in seqs]
+        if len(seqs) == 1:  # nearly every unit
+            params = [sizes[0], sizes[0], lasts[0], lasts[0], points[0], time.time(), seqs[0]]
+            found = self._engine.execute(EXTEND_ONE, params)
+        else:
+            found = self._engine.execute(EXTEND, [time.time(), seqs, sizes, lasts, points])
         if len(found) < len(seqs):
             self._deleted_under(set(seqs) - {int(q) for (q,) in found})
         staged.written_extents.update(changed)
@@ -341,14 +335,7 @@ class SqlRuns:
             return
         slots = list(staged.seen)
         self._engine.execute(
-            "INSERT INTO run_ranks (run_seq, rank, first_seen, last_seen, finished_at, node)"
-            " SELECT s, k, a, a, f, n FROM (SELECT unnest(%s::BIGINT[]) AS s,"
-            " unnest(%s::INTEGER[]) AS k, unnest(%s::DOUBLE PRECISION[]) AS a,"
-            " unnest(%s::DOUBLE PRECISION[]) AS f, unnest(%s::TEXT[]) AS n) AS e"
-            " ON CONFLICT (run_seq, rank) DO UPDATE SET"
-            " last_seen = greatest(run_ranks.last_seen, excluded.last_seen),"
-            " finished_at = coalesce(excluded.finished_at, run_ranks.finished_at),"
-            " node = coalesce(excluded.node, run_ranks.node)",
+            SEE_RANKS,
             [
                 [q for q, _ in slots],
                 [k for _, k in slots],
