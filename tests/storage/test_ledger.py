@@ -52,6 +52,18 @@ def test_answers_are_kept_and_found(open_stores: OpenStores) -> None:
     assert again.ledger.lookup(Keys.of([(1, 10, 1), (1, 11, 1)])) == {}
 
 
+def test_answers_keep_every_character(stores: Stores) -> None:
+    # A run's answer holds what its config held: tabs, newlines, backslashes, quotes.
+    bodies = ['{"run": {"config": {"a": "x\ty"}}}', '{"n": "line\nnext\r\\\\N"}',
+              "\\.", '{"accepted": 3}', '{"accepted": 3}']  # fmt: skip
+    slots = [(1, 40 + i, 1) for i in range(len(bodies))]
+    keys = Keys.of(slots)
+    with stores.unit():
+        stores.ledger.record(keys, keys.hi, np.full(len(slots), 201, dtype=np.int16), bodies, 5.0)
+    found = stores.ledger.lookup(keys)
+    assert {slot: answer.body for slot, answer in found.items()} == dict(zip(slots, bodies))
+
+
 def test_the_limit_is_exact_and_month_bound(open_stores: OpenStores) -> None:
     stores = open_stores()
     ledger = stores.ledger
