@@ -153,3 +153,41 @@ def test_the_health_monitor_pauses_before_its_look_reads() -> None:
     finally:
         monitor.close()
         stores.close()
+
+
+class CountedService(WriteService):
+    """A real write service with summary aggregates always due, that notes each unit of
+    background work the writer runs."""
+
+    def __init__(self, stores: Stores) -> None:
+        super().__init__(stores)
+        self.maintained: list[float] = []
+
+    def backlog(self) -> int:
+        return 1
+
+    def maintain(self) -> bool:
+        self.maintained.append(time.monotonic())
+        return super().maintain()
+
+
+def test_no_background_work_while_a_batch_is_on_its_way() -> None:
+    # Between an uploader's pipelined batches the writer waits a decode's length; a unit
+    # of background work started there would hold up the batch that comes next.
+    stores = open_stores("duckdb://:memory:")
+    service = CountedService(stores)
+    committer = GroupCommitter(service)
+    try:
+        time.sleep(0.3)
+        assert service.maintained  # idle, with work due: it runs
+        with committer.expecting():
+            entered = time.monotonic()
+            time.sleep(0.5)
+            left = time.monotonic()
+        during = [t for t in service.maintained if entered + 0.05 < t < left]
+        assert during == [], during
+        time.sleep(0.3)
+        assert service.maintained[-1] > left  # idle again: it goes on
+    finally:
+        committer.close()
+        stores.close()

@@ -47,14 +47,15 @@ async def _ingest(
     raw = await read_body(request)
     found = services(request)
     limit = found.settings.max_batch_events
-    columns = await found.decoder.decode(raw, key.org_id)  # a large batch, elsewhere
-    if columns is not None:
-        batch = events.in_columns(*columns, limit)
-    else:
-        batch = events.decode(raw, key.org_id, limit)
-    if turn is not None:
-        await turn()
-    answered = await apply_writes(request, key.org_id, batch.envelopes)
+    with found.writer.expecting():
+        columns = await found.decoder.decode(raw, key.org_id)  # a large batch, elsewhere
+        if columns is not None:
+            batch = events.in_columns(*columns, limit)
+        else:
+            batch = events.decode(raw, key.org_id, limit)
+        if turn is not None:
+            await turn()
+        answered = await apply_writes(request, key.org_id, batch.envelopes)
     return _results(batch.event_ids, batch.refused, answered)
 
 

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from ..errors import ApiError
@@ -63,9 +66,28 @@ class GroupCommitter:
         self._cond = threading.Condition(lock)  # a write queued (the writer waits on it)
         self._quiet = threading.Condition(lock)  # none queued or being applied (readers)
         self._applying = False
+        self._expected = 0  # batches read and being decoded: writes on their way
+        self._busy_at = 0.0  # when the last write was applied or stopped being expected
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="instantml-writer", daemon=True)
         self._thread.start()
+
+    @contextmanager
+    def expecting(self) -> Iterator[None]:
+        """A write on its way (a batch read, being decoded, waiting for its turn): the
+        writer does not take the moment for background work, which the batch would then
+        wait behind. Between an uploader's pipelined batches the writer is otherwise idle
+        for a decode's length, and a unit of summary aggregates started there held up
+        every batch that followed."""
+        with self._cond:
+            self._expected += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._expected -= 1
+                self._busy_at = time.monotonic()
+                self._cond.notify()
 
     async def submit(self, envelopes: list[Envelope]) -> list[Answer]:
         if not envelopes:
@@ -156,6 +178,8 @@ class GroupCommitter:
             if not group and not compactions and not deletions:
                 if self._closed:
                     return
+                if self._expected or time.monotonic() - self._busy_at < IDLE_SECONDS:
+                    continue  # not idle yet: a batch is on its way, or may be
                 # Idle for a moment: bring summary aggregates up to date, a bounded unit at a
                 # time, so a write arriving now waits for one unit at most; the same for
                 # deleted runs' points, and runs past their retention.
@@ -201,6 +225,7 @@ class GroupCommitter:
             outcomes = self._service.apply(flat)
         except Exception as exc:  # storage failure: nothing committed, the client may retry
             outcomes = [storage_failed(exc)] * len(flat)
+        self._busy_at = time.monotonic()
         start = 0
         for envelopes, future, loop in group:
             end = start + len(envelopes)
