@@ -24,7 +24,7 @@ from ...storage.records import SEQUENCE_LIMIT
 from ..errors import ApiError
 from .commands import Idempotency
 from .table import rank_run
-from .wire import MAX_EVENT_ID, RankBody
+from .wire import MAX_EVENT_ID, RankBody, RankFields
 
 MAX_KEY_LENGTH = MAX_EVENT_ID
 
@@ -103,7 +103,7 @@ _ENCODER = msgspec.json.Encoder(order="sorted")
 _NO_NODE = b'"node":null,'
 
 
-def canonical(body: RankBody) -> bytes:
+def canonical(body: RankFields) -> bytes:
     """The body as JSON with every field present and keys sorted: equal for equal bodies,
     however they were written. ``node`` only when given: a body without one is encoded as
     before the field existed (a metric's value is a number, so only the field matches)."""
@@ -111,7 +111,7 @@ def canonical(body: RankBody) -> bytes:
     return encoded.replace(_NO_NODE, b"", 1) if body.node is None else encoded
 
 
-def typed_fingerprint(path: str, body: RankBody) -> int:
+def typed_fingerprint(path: str, body: RankFields) -> int:
     (value,) = _INT64(xxhash.xxh3_64_digest(fingerprint_prefix(path) + canonical(body)))
     return value
 
