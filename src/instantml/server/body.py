@@ -45,12 +45,16 @@ def parse_value(raw: bytes) -> Any:
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:
-        # orjson refuses the NaN and Infinity tokens outright (and integers beyond 64 bits);
-        # the standard parser reads them so that the error can name the field.
-        try:
-            return json.loads(raw, parse_constant=Token)
-        except (ValueError, RecursionError) as exc:
-            raise ApiError(400, f"body: malformed JSON ({exc})") from None
+        return _standard(raw)
+
+
+def _standard(raw: bytes) -> Any:
+    """What orjson refused, read by the standard parser: it reads the NaN and Infinity
+    tokens (and integers beyond 64 bits) so that the error can name the field."""
+    try:
+        return json.loads(raw, parse_constant=Token)
+    except (ValueError, RecursionError) as exc:
+        raise ApiError(400, f"body: malformed JSON ({exc})") from None
 
 
 def _token_path(value: Any, path: str) -> tuple[str, str] | None:
@@ -88,7 +92,7 @@ def parse_object(raw: bytes, tokens: bool = False) -> dict[str, Any]:
     try:
         body, checked = orjson.loads(raw), True  # orjson leaves no token to look for
     except orjson.JSONDecodeError:
-        body, checked = parse_value(raw), False
+        body, checked = _standard(raw), False
     if not isinstance(body, dict):
         raise ApiError(400, "body: must be a JSON object")
     if not tokens and not checked:
