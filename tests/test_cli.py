@@ -161,6 +161,23 @@ def test_ranks_defaults_to_the_loss_and_collapses_missing_ranks(
     assert "Top outliers (10 of 12)" in text  # the answer's outliers_total
 
 
+def test_ranks_draws_block_aligned_buckets(
+    server: ServerProcess, api: httpx.Client, tmp_path: Path
+) -> None:
+    # Steps 10-109 in at most 10 sparkline buckets: buckets of 16 steps (the smallest block
+    # size of at least 10) from step 0, [0, 15] .. [96, 111]: 7 of them, the mean of each
+    # its bucket's number.
+    run_id = ingest(
+        api, [Point(s, r, float(s // 16), 1.0, r, 2) for s in range(10, 110) for r in range(2)]
+    )
+    out = cli("ranks", run_id, "--width", "10", url=server.url, key=server.admin_key, home=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "steps 10-109  (buckets of 16 steps from step 0)" in out.stdout
+    mean = next(line for line in out.stdout.splitlines() if "mean " in line and "->" in line)
+    bars = "".join(c for c in mean if c in "▁▂▃▄▅▆▇█")
+    assert bars == "▁▂▃▅▆▇█" and "0 -> 6" in mean
+
+
 def test_ranks_with_an_unknown_key_lists_the_valid_ones(
     server: ServerProcess, lost_node_run: str, tmp_path: Path
 ) -> None:

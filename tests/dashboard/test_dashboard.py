@@ -135,6 +135,32 @@ def test_zoom_in_the_url_refetches_at_full_resolution(
     assert page.errors == []
 
 
+def test_heatmap_columns_span_their_block_aligned_buckets(
+    page: Any, server: ServerProcess, api: httpx.Client
+) -> None:
+    # Steps 10-1009 in 200 heatmap columns at most: buckets of 16 steps (the smallest
+    # block size of at least 5) from step 0, so the first ([10, 15]) and the last
+    # ([1008, 1009]) are partial; rank 1 is high in bucket [496, 511] only.
+    writes = [
+        Point(s, r, 9.0 if (r == 1 and 496 <= s <= 511) else 1.0, 1.0, r, 4)
+        for s in range(10, 1010)
+        for r in range(4)
+    ]
+    run_id = ingest(api, writes)
+    page.goto(f"{server.url}/?token={server.admin_key}#/runs/{run_id}/distributed?key=loss")
+    page.wait_for_selector("main[data-ready=distributed][data-key=loss]")
+    assert "4 steps per point" in page.inner_text("#range")  # the band: 1,000 steps / 500
+    edges = page.evaluate("document.getElementById('heatmap').data[0].x")
+    assert edges == [10, *range(16, 1009, 16), 1010]  # 64 columns: 65 edges
+    z = page.evaluate("document.getElementById('heatmap').data[0].z")
+    assert len(z) == 4 and all(len(row) == 64 for row in z)
+    high = [j for j, v in enumerate(z[1]) if v == 9.0]
+    assert high == [31] and (edges[31], edges[32]) == (496, 512)
+    band = page.evaluate("document.getElementById('band').data[5].x")
+    assert band[:3] == [10, 12, 16] and band[-1] == 1008  # the band's buckets of 4, aligned too
+    assert page.errors == []
+
+
 def test_login_form(page: Any, server: ServerProcess) -> None:
     page.goto(server.url)
     page.fill("#key", "iml_000000000000_wrong")

@@ -25,13 +25,19 @@ class Point:
 
 
 def _bucket_size(first: int, last: int, distinct: int, cap: int) -> int:
-    return 1 if distinct <= cap else math.ceil((last - first + 1) / cap)
+    """The smallest power of 4 of at least ceil(span / cap) when the range holds more than
+    ``cap`` distinct steps."""
+    if distinct <= cap:
+        return 1
+    need = math.ceil((last - first + 1) / cap)
+    return next(4**k for k in range(1, 64) if 4**k >= need)
 
 
 def _groups(steps: list[int], size: int) -> list[list[int]]:
+    """Buckets aligned to multiples of ``size`` from step 0."""
     groups: dict[int, list[int]] = defaultdict(list)
     for s in steps:
-        groups[(s - steps[0]) // size].append(s)
+        groups[s // size].append(s)
     return [groups[k] for k in sorted(groups)]
 
 
@@ -153,7 +159,13 @@ def reference(
             "step_range": None,
             "bucket_size": 1,
             "coverage": {"full_steps": 0, "partial_steps": 0, "missing": []},
-            "heatmap": {"ranks": [], "buckets": [], "values": [], "nonfinite": []},
+            "heatmap": {
+                "ranks": [],
+                "bucket_size": 1,
+                "buckets": [],
+                "values": [],
+                "nonfinite": [],
+            },
             "outliers": [],
             "outliers_total": 0,
             "ranks": [],
@@ -254,6 +266,7 @@ def reference(
         },
         "heatmap": {
             "ranks": ranks,
+            "bucket_size": heat_size,
             "buckets": [[g[0], g[-1]] for g in heat_groups],
             "values": values,
             "nonfinite": heat_marks,

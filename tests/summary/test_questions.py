@@ -112,14 +112,16 @@ def test_a_spike_and_a_coverage_dip_survive_bucketing(api: httpx.Client) -> None
     ]
     run_id = ingest(api, writes)
     got = summary(api, run_id, max_points=10, heatmap_steps=10)
-    assert got["bucket_size"] == 1000 and len(got["steps"]) == 10
+    # Buckets of the smallest block size of at least 1,000 steps, from step 0: 1,024.
+    assert got["bucket_size"] == 1024 and len(got["steps"]) == 10
     spike = got["steps"][7]
-    assert (spike["step"], spike["step_end"], spike["max"]) == (7000, 7999, 100.0)
+    assert (spike["step"], spike["step_end"], spike["max"]) == (7168, 8191, 100.0)
     assert max(row["max"] for i, row in enumerate(got["steps"]) if i != 7) == 1.0
     dip = got["steps"][4]
     assert (dip["count"], dip["expected"]) == (7, 8)
     assert all(row["count"] == 8 for i, row in enumerate(got["steps"]) if i != 4)
-    assert got["heatmap"]["buckets"][7] == [7000, 7999] and len(got["heatmap"]["values"][0]) == 10
+    assert got["heatmap"]["buckets"][7] == [7168, 8191] and len(got["heatmap"]["values"][0]) == 10
+    assert got["heatmap"]["buckets"][-1] == [9216, 9999]  # the last bucket is partial
     # Zooming gives full resolution again.
     zoom = summary(api, run_id, step_min=7_770, step_max=7_780)
     assert zoom["bucket_size"] == 1 and len(zoom["steps"]) == 11

@@ -17,9 +17,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .params import ROBUST_Z_THRESHOLD, SummaryParams
+from .params import BLOCK_BASE, ROBUST_Z_THRESHOLD, SummaryParams
 
-BASE = 4
+BASE = BLOCK_BASE
 LEVELS = 8  # blocks of 4, 16, ..., 65,536 steps
 DEFAULT_Z = SummaryParams().z  # the z the outlier counts of blocks are kept for
 RZ = ROBUST_Z_THRESHOLD
@@ -114,6 +114,12 @@ def cover(first: int, last: int) -> tuple[list[tuple[int, int]], list[int]]:
     return found, steps
 
 
+def bucket_keys(steps: np.ndarray, size: int) -> np.ndarray:
+    """Each step's bucket number: buckets aligned to multiples of ``size`` from step 0
+    (``rankmath.params.bucket_size``)."""
+    return np.asarray(steps, dtype=np.int64) // size
+
+
 class Pieces:
     """Step intervals, one per group (a heatmap bucket, or the whole range), as aligned
     blocks and single steps."""
@@ -125,38 +131,60 @@ class Pieces:
         self.steps: list[int] = []
         self.step_group: list[int] = []
 
-    def add(self, group: int, present: np.ndarray, stale: np.ndarray | None = None) -> None:
-        """The present steps of one group. Steps in a ``stale`` level-1 block (sorted
-        starts: a block behind its points, or one left unbuilt while it was incomplete)
-        are read as points; the steps between such blocks are covered apart, so no block
-        used overlaps one."""
+    def add(
+        self,
+        group: int,
+        lo: int,
+        hi: int,
+        present: np.ndarray | None = None,
+        stale: np.ndarray | None = None,
+    ) -> None:
+        """The steps ``[lo, hi]`` of one group, of which ``present`` (sorted; None: not
+        known, every step may be) are present. The cover is of the interval, not of its
+        present steps: a block holds only the points it has, so a bucket aligned to a
+        block is that one block whatever steps are absent from it. Steps in a ``stale``
+        level-1 block (sorted starts: a block behind its points, or one left unbuilt while
+        it was incomplete) are read as single steps; the intervals between such blocks
+        are covered apart, so no block used overlaps one."""
+        if present is not None:
+            present = present[np.searchsorted(present, lo) : np.searchsorted(present, hi, "right")]
         if stale is not None and len(stale):
-            level_one = present // BASE * BASE
-            marked = np.isin(level_one, stale)
-            if marked.any():
-                self.steps += present[marked].tolist()
-                self.step_group += [group] * int(marked.sum())
-                kept = present[~marked]
-                parts = np.searchsorted(stale, kept, side="right")
-                cuts = np.flatnonzero(parts[1:] != parts[:-1]) + 1
-                for part in np.split(kept, cuts):
-                    if len(part):
-                        self._add(group, part)
+            inside = stale[(stale + BASE - 1 >= lo) & (stale <= hi)]
+            if len(inside):
+                if present is None:
+                    marked = (inside[:, None] + np.arange(BASE)).ravel()
+                    marked = marked[(marked >= lo) & (marked <= hi)]
+                else:
+                    marked = present[np.isin(present // BASE * BASE, inside)]
+                self.steps += marked.tolist()
+                self.step_group += [group] * len(marked)
+                at = lo
+                for start in inside.tolist():
+                    if start > at:
+                        self._add(group, at, start - 1, present)
+                    at = max(at, start + BASE)
+                if at <= hi:
+                    self._add(group, at, hi, present)
                 return
-        self._add(group, present)
+        self._add(group, lo, hi, present)
 
-    def _add(self, group: int, present: np.ndarray) -> None:
-        lo, hi = int(present[0]), int(present[-1])
-        if (hi - lo + 1) // BASE**LEVELS > len(present):
-            # So sparse that its points are fewer than its blocks would be: the points.
-            self.steps += present.tolist()
-            self.step_group += [group] * len(present)
-            return
+    def _add(self, group: int, lo: int, hi: int, present: np.ndarray | None) -> None:
+        if present is not None:
+            present = present[np.searchsorted(present, lo) : np.searchsorted(present, hi, "right")]
+            if not len(present):
+                return
+            if sparse(lo, hi, len(present)):
+                # So sparse that its points are fewer than its blocks would be: the points.
+                self.steps += present.tolist()
+                self.step_group += [group] * len(present)
+                return
         covered, single = cover(lo, hi)
         for level, start in covered:
             self.levels.append(level)
             self.starts.append(start)
             self.block_group.append(group)
+        if single and present is not None:  # the present ones: the others have no points
+            single = np.intersect1d(np.array(single, dtype=np.int64), present).tolist()
         self.steps += single
         self.step_group += [group] * len(single)
 
@@ -174,22 +202,42 @@ class Pieces:
         }
 
 
-def buckets(steps: np.ndarray, first: int, size: int, stale: np.ndarray | None = None) -> Pieces:
-    """The heatmap's buckets of these present steps as pieces, grouped by bucket number
-    (``stale``: see :meth:`Pieces.add`)."""
-    keys = (steps - first) // size
-    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
-    ends = np.r_[starts[1:], len(steps)] - 1
+def buckets(
+    first: int,
+    last: int,
+    size: int,
+    present: np.ndarray | None = None,
+    stale: np.ndarray | None = None,
+) -> Pieces:
+    """The buckets of ``size`` steps (``bucket_keys``) of the range ``[first, last]`` as
+    pieces, grouped by bucket number: each over its whole aligned interval, clipped to the
+    range, so a full bucket is one block when ``size`` is a block size and only the two
+    edge buckets are read from finer levels. ``present``: the range's present steps, when
+    known (buckets without one are left out); ``stale``: see :meth:`Pieces.add`."""
     pieces = Pieces()
-    for bucket, lo, hi in zip(keys[starts].tolist(), starts.tolist(), ends.tolist()):
-        pieces.add(bucket, steps[lo : hi + 1], stale)
+    keys = (
+        np.unique(bucket_keys(present, size)).tolist()
+        if present is not None
+        else range(first // size, last // size + 1)
+    )
+    for bucket in keys:
+        lo, hi = max(bucket * size, first), min(bucket * size + size - 1, last)
+        pieces.add(bucket, lo, hi, present, stale)
     return pieces
 
 
-def whole(steps: np.ndarray, stale: np.ndarray | None = None) -> Pieces:
+def whole(
+    first: int, last: int, present: np.ndarray | None = None, stale: np.ndarray | None = None
+) -> Pieces:
     pieces = Pieces()
-    pieces.add(0, steps, stale)
+    pieces.add(0, first, last, present, stale)
     return pieces
+
+
+def sparse(first: int, last: int, present: int) -> bool:
+    """Whether steps ``[first, last]`` holding ``present`` steps are so sparse that their
+    points are fewer than the blocks covering them: read them as points."""
+    return (last - first + 1) // BASE**LEVELS > present
 
 
 def cells(rows: Rows, bucket: np.ndarray) -> dict[str, np.ndarray]:

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 
 ROBUST_Z_THRESHOLD = 3.5  # Iglewicz and Hoaglin's cut-off for the modified z-score
+BLOCK_BASE = 4  # blocks of steps are 4, 16, 64, ... steps long (rankmath.covers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,8 +42,15 @@ def default_key(keys: list[str]) -> str:
 
 
 def bucket_size(first: int, last: int, distinct_steps: int, cap: int) -> int:
-    """1 when the range holds at most ``cap`` distinct steps, else the equal width in step
-    numbers that fits the range into ``cap`` buckets: ceil((last - first + 1) / cap)."""
+    """1 when the range holds at most ``cap`` distinct steps, else the smallest block size
+    (a power of ``BLOCK_BASE``) of at least ceil((last - first + 1) / cap). Buckets are
+    aligned to multiples of it from step 0 (bucket k is ``[k * size, (k + 1) * size - 1]``,
+    ``rankmath.covers.bucket_keys``), so a full bucket is exactly one block and only the range's two
+    edge buckets may be partial; a range can touch one bucket more than ``cap``."""
     if distinct_steps <= cap:
         return 1
-    return -(-(last - first + 1) // cap)
+    need = -(-(last - first + 1) // cap)
+    size = BLOCK_BASE
+    while size < need:
+        size *= BLOCK_BASE
+    return size

@@ -69,9 +69,9 @@ class SummaryTables(Protocol):
         """Cell sums of the points of the pieces' single steps."""
         ...
 
-    def point_cell_sums(self, series_id: int, lo: int, hi: int, first: int, size: int) -> CellSums:
-        """Cell sums of every point of steps ``lo``-``hi``, bucket ``(step - first) //
-        size``."""
+    def point_cell_sums(self, series_id: int, lo: int, hi: int, size: int) -> CellSums:
+        """Cell sums of every point of steps ``lo``-``hi``, bucket ``step // size``
+        (``covers.bucket_keys``)."""
         ...
 
     def cover_rows(self, series_id: int, pieces: covers.Pieces) -> covers.Rows:
@@ -114,17 +114,17 @@ def read(tables: SummaryTables, series_id: int, params: SummaryParams) -> Readin
         marked = bool(found.stats["nonfinite"].any())
         kept = params.z == covers.DEFAULT_Z
         if kept:
-            # Each bucket is covered by a few aligned blocks per level and a few single
-            # steps at its edges, the rollup by the same cover of the whole range: the
-            # rows read grow with the buckets, the ranks and the levels, not the points.
+            # A bucket aligned to a block is that one block; only the range's two edge
+            # buckets take a few blocks per level and single steps. The rollup reads the
+            # cover of the whole range. The rows read grow with the buckets and the ranks,
+            # not the run's length.
             stale = tables.stale_blocks(series_id)
-            pieces = covers.buckets(steps, first, size, stale)
+            pieces = covers.buckets(first, last, size, steps, stale)
             points = int(found.stats["n"].sum() + found.stats["nonfinite"].sum())
             cover = (len(pieces.starts) + len(pieces.steps)) * max(found.world_size, 1)
             yield
             if points <= tables.scan_ratio * cover:
-                found.cells = covers.cells(*tables.point_cell_sums(series_id, first, last,
-                                                                   first, size))  # fmt: skip
+                found.cells = covers.cells(*tables.point_cell_sums(series_id, first, last, size))
             else:
                 blocks = tables.block_cell_sums(series_id, pieces, marked)
                 yield
@@ -132,13 +132,15 @@ def read(tables: SummaryTables, series_id: int, params: SummaryParams) -> Readin
                     *_joined(blocks, tables.single_cell_sums(series_id, pieces))
                 )
             yield
-            found.rollup = covers.rollup(tables.cover_rows(series_id, covers.whole(steps, stale)))
+            found.rollup = covers.rollup(
+                tables.cover_rows(series_id, covers.whole(first, last, steps, stale))
+            )
         else:
             yield
             found.rollup = covers.rollup(
                 tables.range_rollup(series_id, lo, hi, params.z, ROBUST_Z_THRESHOLD)
             )
-            found.cells = covers.cells(*tables.point_cell_sums(series_id, lo, hi, first, size))
+            found.cells = covers.cells(*tables.point_cell_sums(series_id, lo, hi, size))
         yield
         found.outliers = tables.outliers(series_id, lo, hi, params, kept)
         if marked:

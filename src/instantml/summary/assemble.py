@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..rankmath.covers import bucket_keys
 from ..rankmath.params import SummaryParams, bucket_size
 from ..validation import mark_of
 from .coverage import missing_ranks
@@ -39,7 +40,7 @@ def assemble(rows: SummaryRows, params: SummaryParams) -> dict[str, Any]:
         "world_size": rows.world_size,
         "step_range": [first, last],
         "bucket_size": size,
-        "steps": _steps(stats, first, size),
+        "steps": _steps(stats, size),
         "coverage": {
             "full_steps": int((reported == expected).sum()),
             "partial_steps": int((reported < expected).sum()),
@@ -49,7 +50,7 @@ def assemble(rows: SummaryRows, params: SummaryParams) -> dict[str, Any]:
             "missing": missing_ranks(int(expected[-1]), steps.tolist(), last_step_of_rank),
             "lagging": [],  # live runs: the server's reading, by when it heard from ranks
         },
-        "heatmap": _heatmap(steps, first, rows.heat_size, rows.cells),
+        "heatmap": _heatmap(steps, rows.heat_size, rows.cells),
         "outliers": [
             {
                 "step": step,
@@ -83,7 +84,7 @@ def empty(world_size: int) -> dict[str, Any]:
         "bucket_size": 1,
         "steps": [],
         "coverage": {"full_steps": 0, "partial_steps": 0, "missing": [], "lagging": []},
-        "heatmap": {"ranks": [], "buckets": [], "values": [], "nonfinite": []},
+        "heatmap": {"ranks": [], "bucket_size": 1, "buckets": [], "values": [], "nonfinite": []},
         "outliers": [],
         "outliers_total": 0,
         "ranks": [],
@@ -96,7 +97,7 @@ def _floats(values: np.ndarray) -> list[float | None]:
     return [None if v != v else float(v) for v in values.tolist()]
 
 
-def _steps(stats: dict[str, np.ndarray], first: int, size: int) -> list[dict[str, Any]]:
+def _steps(stats: dict[str, np.ndarray], size: int) -> list[dict[str, Any]]:
     """Step rows, bucketed when ``size`` > 1 (docs/reference.md: means of the steps' reducers, min
     of mins, max of maxes, ``count`` and ``nonfinite`` of the least-covered step (fewest
     count + nonfinite, the earliest on ties: coverage never passes 100%), the marks summed
@@ -109,7 +110,7 @@ def _steps(stats: dict[str, np.ndarray], first: int, size: int) -> list[dict[str
         columns["count"] = stats["n"]
         columns["nonfinite_total"] = stats["nonfinite"]
     else:
-        keys = (step - first) // size
+        keys = bucket_keys(step, size)
         starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
         has_value = stats["n"] > 0
         valued = np.add.reduceat(has_value, starts)
@@ -166,25 +167,24 @@ def _rollup(
     ]
 
 
-def _heatmap(
-    steps: np.ndarray, first: int, size: int, cells: dict[str, np.ndarray]
-) -> dict[str, Any]:
+def _heatmap(steps: np.ndarray, size: int, cells: dict[str, np.ndarray]) -> dict[str, Any]:
     """``values[i][j]``: rank ``ranks[i]``'s mean finite value in bucket j (None if none);
     ``nonfinite``: the ``[i, j]`` cells where that rank sent a NaN or +-inf. ``values`` is
     a numpy grid, NaN where a cell is empty: the JSON renderer writes it as lists, NaN as
     null, without a Python object per cell."""
-    keys = (steps - first) // size
+    keys = bucket_keys(steps, size)
     starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
     ends = np.r_[starts[1:], len(steps)] - 1
-    bucket_keys = keys[starts]
+    present = keys[starts]
     ranks = np.unique(cells["rank"])
     rows = np.searchsorted(ranks, cells["rank"])
-    cols = np.searchsorted(bucket_keys, cells["b"])
-    grid = np.full((len(ranks), len(bucket_keys)), np.nan)
+    cols = np.searchsorted(present, cells["b"])
+    grid = np.full((len(ranks), len(present)), np.nan)
     grid[rows, cols] = cells["v"]
     marked = np.flatnonzero(cells["marks"] > 0)
     return {
         "ranks": ranks.tolist(),
+        "bucket_size": size,
         "buckets": np.column_stack([steps[starts], steps[ends]]).tolist(),
         "values": grid,
         "nonfinite": [list(c) for c in sorted(zip(rows[marked].tolist(), cols[marked].tolist()))],

@@ -54,7 +54,9 @@ def render(summary: dict[str, Any], worst: int = 8, outliers: int = 10) -> Group
         f"  steps {summary['step_range'][0]}-{summary['step_range'][1]}"
         if summary["step_range"]
         else "  no steps",
-        f"  (bucket {summary['bucket_size']})" if summary["bucket_size"] > 1 else "",
+        f"  (buckets of {summary['bucket_size']} steps from step 0)"
+        if summary["bucket_size"] > 1
+        else "",
     )
     trend = Table.grid(padding=(0, 1))
     trend.add_row(

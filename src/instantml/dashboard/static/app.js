@@ -473,7 +473,13 @@ async function showDistributed(run, rankKeys, params, body) {
   // A row's label: its rank, after its node's name when ranks said theirs.
   const rowNodes = s.heatmap.nodes || [];
   const rowLabels = s.heatmap.ranks.map((r, i) => (rowNodes[i] ? `${rowNodes[i]} · ${r}` : String(r)));
-  const heatTrace = { type: "heatmap", z: s.heatmap.values, x: buckets.map((b) => b[0]), y: rowLabels,
+  // Bucketed, a column spans its bucket: cell edges at the multiples of the bucket size
+  // from step 0 that the buckets are aligned to, the first and last clipped to the range.
+  const hs = s.heatmap.bucket_size || 1;
+  const heatX = hs > 1 && buckets.length
+    ? [buckets[0][0], ...buckets.slice(1).map((b) => Math.floor(b[0] / hs) * hs), buckets[buckets.length - 1][1] + 1]
+    : buckets.map((b) => b[0]);
+  const heatTrace = { type: "heatmap", z: s.heatmap.values, x: heatX, y: rowLabels,
     customdata: s.heatmap.ranks.map(() => buckets.map((b) => (b[0] === b[1] ? `${b[0]}` : `${b[0]}–${b[1]}`))),
     hovertemplate: "rank %{y}<br>steps %{customdata}<br>value %{z}<extra></extra>", colorscale: "Viridis",
     hoverongaps: false };

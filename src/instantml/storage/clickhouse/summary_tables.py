@@ -68,13 +68,13 @@ class ClickHouseSummaryTables:
         singles = self._singles(series_id, pieces)
         return {name: singles[name] for name in CELL_SUMS}, singles["b"]
 
-    def point_cell_sums(self, series_id: int, lo: int, hi: int, first: int, size: int) -> CellSums:
+    def point_cell_sums(self, series_id: int, lo: int, hi: int, size: int) -> CellSums:
         found = self._columns(
-            "SELECT rank, intDiv(step - {first:Int64}, {size:Int64}) AS b,"
+            "SELECT rank, intDiv(step, {size:Int64}) AS b,"
             " countIf(isFinite(value)), sumIf(value, isFinite(value)),"
             f" countIf(NOT isFinite(value)) FROM {self._engine.table('rank_points')} FINAL"
             f" WHERE {_IN_RANGE} GROUP BY rank, b",
-            {"sid": series_id, "lo": lo, "hi": hi, "first": first, "size": size},
+            {"sid": series_id, "lo": lo, "hi": hi, "size": size},
             ("rank", "b", "n", "total", "marks"),
         )
         bucket = found.pop("b")

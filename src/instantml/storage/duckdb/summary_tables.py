@@ -125,16 +125,16 @@ class DuckDBSummaryTables:
             np.asarray(found["b"]).astype(np.int64),
         )
 
-    def point_cell_sums(self, series_id: int, lo: int, hi: int, first: int, size: int) -> CellSums:
+    def point_cell_sums(self, series_id: int, lo: int, hi: int, size: int) -> CellSums:
         """Summed per (rank, bucket) in DuckDB: one row per cell comes back, not a row per
         point."""
         found = self._cur.execute(
-            "SELECT rank, (step - $first) // $size AS b,"
+            "SELECT rank, step // $size AS b,"
             " count(*) FILTER (WHERE isfinite(value)) AS n,"
             " coalesce(sum(value) FILTER (WHERE isfinite(value)), 0) AS total,"
             " count(*) FILTER (WHERE NOT isfinite(value)) AS marks FROM rank_points"
             " WHERE series_id = $sid AND step BETWEEN $lo AND $hi GROUP BY rank, b",
-            {"sid": series_id, "lo": lo, "hi": hi, "first": first, "size": size},
+            {"sid": series_id, "lo": lo, "hi": hi, "size": size},
         ).fetchnumpy()
         return (
             {name: np.asarray(found[name]) for name in CELL_SUMS},
