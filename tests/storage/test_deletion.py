@@ -17,10 +17,10 @@ from tests.summary.reference import Point
 
 POINT_TABLES = (
     "rank_points", "step_stats", "stale_steps", "outlier_rows", "stale_blocks", "scalar_points",
-    *(f"rank_blocks_{level}" for level in range(1, LEVELS + 1)),
+    "step_blocks", *(f"rank_blocks_{level}" for level in range(1, LEVELS + 1)),
 )  # fmt: skip
-CH_TABLES = ("rank_points", "scores", "scalars", "step_stats", "rank_blocks", "outlier_rows",
-             "stale_steps")  # fmt: skip
+CH_TABLES = ("rank_points", "scores", "scalars", "step_stats", "rank_blocks", "step_blocks",
+             "outlier_rows", "stale_steps")  # fmt: skip
 
 
 def _fill(stores: Stores, run_id: str, steps: int, ranks: int) -> Writer:

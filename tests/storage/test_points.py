@@ -243,6 +243,32 @@ def test_a_store_with_every_level_in_one_table_moves_its_blocks(
     assert_matches(writer.summary(**params), reference(writes, **params), 1.0)
 
 
+def test_a_store_written_before_step_blocks_builds_them(open_stores: OpenStores) -> None:
+    # A store from before the step series had blocks: opened, every block is built again
+    # once, and the band's buckets (one step block each, here of 64 steps) hold every step.
+    writer = Writer(open_stores())
+    writes = [
+        Point(s, r, float((s * 5 + r * 3) % 13), 1.0, r % 3, 4)
+        for s in range(700)
+        for r in range(4)
+        if not (r == 1 and s % 50 == 7)
+    ]
+    writer.write(writes)
+    params = {"max_points": 20, "heatmap_steps": 7, "outlier_limit": 10_000}
+    want = reference(writes, **params)
+    assert_matches(writer.summary("drain", **params), want, 1.0)
+    points = writer.stores.points
+    if hasattr(points, "_engine") and hasattr(points._engine, "con"):  # DuckDB
+        points._engine.con.execute("DROP TABLE step_blocks")
+    else:  # ClickHouse
+        with points._engine.guarded() as client:  # type: ignore[attr-defined]
+            client.command(f"TRUNCATE TABLE {points._engine.table('step_blocks')}")  # type: ignore[attr-defined]
+    writer.stores.close()
+    writer.stores = open_stores()
+    assert_matches(writer.summary("upkeep", **params), want, 1.0)
+    assert_matches(writer.summary("drain", **params), want, 1.0)
+
+
 def _forget_blocks(stores: Stores) -> None:
     points = stores.points
     if hasattr(points, "_engine") and hasattr(points._engine, "con"):  # DuckDB

@@ -111,7 +111,7 @@ def _contents(stores: Stores, org: int) -> dict[str, Any]:
         rows = stores.points.summary_rows(sid, everything)
         found[key] = {
             "points": [tuple(map(_nan, p)) for p in store_rank_rows(stores, sid)],
-            "stats": {name: [_nan(v) for v in col.tolist()] for name, col in rows.stats.items()},
+            "band": {name: [_nan(v) for v in col.tolist()] for name, col in rows.band.items()},
             "rollup": [tuple(map(_nan, r)) for r in rows.rollup],
             "outliers": sorted(tuple(map(_nan, o)) for o in rows.outliers),
         }

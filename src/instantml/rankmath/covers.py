@@ -216,14 +216,29 @@ def buckets(
     known (buckets without one are left out); ``stale``: see :meth:`Pieces.add`."""
     pieces = Pieces()
     keys = (
-        np.unique(bucket_keys(present, size)).tolist()
+        np.unique(bucket_keys(present, size))
         if present is not None
-        else range(first // size, last // size + 1)
+        else np.arange(first // size, last // size + 1, dtype=np.int64)
     )
-    for bucket in keys:
+    starts = keys * size
+    level = _LEVEL_OF.get(size)
+    whole = np.zeros(len(keys), dtype=bool)
+    if level is not None:  # a bucket inside the range and no stale block in it: its block
+        whole = (starts >= first) & (starts + size - 1 <= last)
+        if stale is not None and len(stale):
+            at = np.searchsorted(stale, starts)
+            nearest = stale[np.minimum(at, len(stale) - 1)]
+            whole &= ~((at < len(stale)) & (nearest <= starts + size - 1))
+        pieces.levels += [level] * int(whole.sum())
+        pieces.starts += starts[whole].tolist()
+        pieces.block_group += keys[whole].tolist()
+    for bucket in keys[~whole].tolist():
         lo, hi = max(bucket * size, first), min(bucket * size + size - 1, last)
         pieces.add(bucket, lo, hi, present, stale)
     return pieces
+
+
+_LEVEL_OF = {BASE**level: level for level in range(1, LEVELS + 1)}
 
 
 def whole(

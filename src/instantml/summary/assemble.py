@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..rankmath.covers import bucket_keys
-from ..rankmath.params import SummaryParams, bucket_size
+from ..rankmath.params import SummaryParams
 from ..validation import mark_of
 from .coverage import missing_ranks
 
@@ -26,31 +25,28 @@ _FLOAT_FIELDS = (
 
 def assemble(rows: SummaryRows, params: SummaryParams) -> dict[str, Any]:
     """Everything of the answer but ``run_id``, ``key`` and ``keys``."""
-    stats = rows.stats
-    steps = stats["step"]
-    if len(steps) == 0:
+    if rows.span is None:
         return empty(rows.world_size)
-    first, last = int(steps[0]), int(steps[-1])
-    size = bucket_size(first, last, len(steps), params.max_points)
-    reported = stats["n"] + stats["nonfinite"]  # a mark is a report (coverage)
-    expected = stats["expected"]
+    first, last = rows.span
     last_step_of_rank = {int(r[0]): int(r[2]) for r in rows.rollup}
     ranks = _rollup(rows.rollup, rows.nonfinite_firsts)
     return {
         "world_size": rows.world_size,
         "step_range": [first, last],
-        "bucket_size": size,
-        "steps": _steps(stats, size),
+        "bucket_size": rows.band_size,
+        "steps": _steps(rows.band),
         "coverage": {
-            "full_steps": int((reported == expected).sum()),
-            "partial_steps": int((reported < expected).sum()),
+            "full_steps": rows.full_steps,
+            "partial_steps": rows.partial_steps,
             # Against the world size reported at the last step, not the key's largest: a
             # stray call with a larger world_size, or an elastic job that shrank, lists no
             # phantom ranks.
-            "missing": missing_ranks(int(expected[-1]), steps.tolist(), last_step_of_rank),
+            "missing": missing_ranks(
+                rows.last_expected, first, last, last_step_of_rank, rows.next_step
+            ),
             "lagging": [],  # live runs: the server's reading, by when it heard from ranks
         },
-        "heatmap": _heatmap(steps, rows.heat_size, rows.cells),
+        "heatmap": _heatmap(rows),
         "outliers": [
             {
                 "step": step,
@@ -97,41 +93,12 @@ def _floats(values: np.ndarray) -> list[float | None]:
     return [None if v != v else float(v) for v in values.tolist()]
 
 
-def _steps(stats: dict[str, np.ndarray], size: int) -> list[dict[str, Any]]:
-    """Step rows, bucketed when ``size`` > 1 (docs/reference.md: means of the steps' reducers, min
-    of mins, max of maxes, ``count`` and ``nonfinite`` of the least-covered step (fewest
-    count + nonfinite, the earliest on ties: coverage never passes 100%), the marks summed
-    as ``nonfinite_total``, max expected). A step with no finite value (only marks) has NaN
-    reducers: a bucket's means skip it, fmin/fmax ignore it."""
-    step = stats["step"]
-    if size == 1:
-        columns = {name: stats[name] for name in (*_MEANED, "min", "max", "expected", "nonfinite")}
-        columns["step"] = columns["step_end"] = step
-        columns["count"] = stats["n"]
-        columns["nonfinite_total"] = stats["nonfinite"]
-    else:
-        keys = bucket_keys(step, size)
-        starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
-        has_value = stats["n"] > 0
-        valued = np.add.reduceat(has_value, starts)
-        group = np.cumsum(np.r_[True, keys[1:] != keys[:-1]]) - 1
-        covered = stats["n"] + stats["nonfinite"]
-        # Each bucket's least-covered step: the first in (bucket, coverage, step) order.
-        least = np.lexsort((step, covered, group))[starts]
-        columns = {
-            "step": step[starts],
-            "step_end": step[np.r_[starts[1:], len(step)] - 1],
-            "count": stats["n"][least],
-            "expected": np.maximum.reduceat(stats["expected"], starts),
-            "nonfinite": stats["nonfinite"][least],
-            "nonfinite_total": np.add.reduceat(stats["nonfinite"], starts),
-            "min": np.fmin.reduceat(stats["min"], starts),
-            "max": np.fmax.reduceat(stats["max"], starts),
-        }
-        with np.errstate(invalid="ignore", divide="ignore"):
-            for name in _MEANED:
-                total = np.add.reduceat(np.where(has_value, stats[name], 0.0), starts)
-                columns[name] = np.where(valued > 0, total / np.maximum(valued, 1), np.nan)
+def _steps(band: dict[str, np.ndarray]) -> list[dict[str, Any]]:
+    """The band's entries (``rankmath.step_blocks.entries``: a bucket's means of its steps'
+    reducers, min of mins, max of maxes, ``count`` and ``nonfinite`` of its least-covered
+    step, marks summed as ``nonfinite_total``, max expected; one step each when the
+    bucket size is 1) as JSON rows."""
+    columns = dict(band)
     columns["range"] = columns["max"] - columns["min"]
     ints = {name: columns[name].tolist() for name in _INT_FIELDS}
     floats = {name: _floats(columns[name]) for name in _FLOAT_FIELDS}
@@ -167,25 +134,22 @@ def _rollup(
     ]
 
 
-def _heatmap(steps: np.ndarray, size: int, cells: dict[str, np.ndarray]) -> dict[str, Any]:
+def _heatmap(rows: SummaryRows) -> dict[str, Any]:
     """``values[i][j]``: rank ``ranks[i]``'s mean finite value in bucket j (None if none);
     ``nonfinite``: the ``[i, j]`` cells where that rank sent a NaN or +-inf. ``values`` is
     a numpy grid, NaN where a cell is empty: the JSON renderer writes it as lists, NaN as
     null, without a Python object per cell."""
-    keys = bucket_keys(steps, size)
-    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
-    ends = np.r_[starts[1:], len(steps)] - 1
-    present = keys[starts]
+    cells = rows.cells
     ranks = np.unique(cells["rank"])
-    rows = np.searchsorted(ranks, cells["rank"])
-    cols = np.searchsorted(present, cells["b"])
-    grid = np.full((len(ranks), len(present)), np.nan)
-    grid[rows, cols] = cells["v"]
+    at = np.searchsorted(ranks, cells["rank"])
+    cols = np.searchsorted(rows.heat_keys, cells["b"])
+    grid = np.full((len(ranks), len(rows.heat_keys)), np.nan)
+    grid[at, cols] = cells["v"]
     marked = np.flatnonzero(cells["marks"] > 0)
     return {
         "ranks": ranks.tolist(),
-        "bucket_size": size,
-        "buckets": np.column_stack([steps[starts], steps[ends]]).tolist(),
+        "bucket_size": rows.heat_size,
+        "buckets": rows.heat_spans.tolist(),
         "values": grid,
-        "nonfinite": [list(c) for c in sorted(zip(rows[marked].tolist(), cols[marked].tolist()))],
+        "nonfinite": [list(c) for c in sorted(zip(at[marked].tolist(), cols[marked].tolist()))],
     }

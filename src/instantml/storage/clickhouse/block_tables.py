@@ -11,11 +11,13 @@ and its parent wins whichever finishes last (the same rule as the step rows).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from ...rankmath import covers as blocks
+from ...rankmath import step_blocks
 from ...rankmath.covers import BASE, LEVELS
 from .engine import ChEngine
 
@@ -38,12 +40,58 @@ def rebuild(engine: ChEngine, points: dict[int, blocks.Rows], version: int) -> N
     scored) and recompute their ancestors, level by level: one query and one insert a
     level for all the series together (a refresh of 150 keys is ~20 round trips, not
     ~2,000, and adds a part a level to ``rank_blocks``, not one a key and level)."""
-    parts, starts = [], {}
+    parts = []
     for sid, rows in points.items():
         group, combined = blocks.combine(rows["last_step"] // BASE * BASE, rows)
         parts.append((sid, group, combined))
-        starts[sid] = np.unique(group)
-    _insert(engine, 1, parts, version)
+    _levels(engine, _RANK, parts, version)
+
+
+def rebuild_steps(engine: ChEngine, stats: dict[int, dict[str, np.ndarray]], version: int) -> None:
+    """Write the level-1 step blocks of these step rows (per series: every step of those
+    blocks) and recompute their ancestors, as :func:`rebuild` does the rank blocks."""
+    parts = []
+    for sid, rows in stats.items():
+        of_steps = step_blocks.of_steps(rows)
+        group, combined = step_blocks.combine(of_steps["first_step"] // BASE * BASE, of_steps)
+        parts.append((sid, group, combined))
+    _levels(engine, _STEP, parts, version)
+
+
+class _Kind:
+    """A kind of block row: its table, columns and types, and how rows combine."""
+
+    def __init__(
+        self,
+        table: str,
+        fields: tuple[str, ...],
+        types: dict[str, Any],
+        combine: Callable[
+            [np.ndarray, dict[str, np.ndarray]], tuple[np.ndarray, dict[str, np.ndarray]]
+        ],
+    ) -> None:
+        self.table, self.fields, self.types, self.combine = table, fields, types, combine
+
+
+_RANK = _Kind("rank_blocks", blocks.FIELDS, _TYPES, blocks.combine)
+_STEP = _Kind(
+    "step_blocks",
+    step_blocks.FIELDS,
+    {name: np.int64 if name in step_blocks.INTS else np.float64 for name in step_blocks.FIELDS},
+    step_blocks.combine,
+)
+
+
+def _levels(
+    engine: ChEngine,
+    kind: _Kind,
+    parts: list[tuple[int, np.ndarray, dict[str, np.ndarray]]],
+    version: int,
+) -> None:
+    """Insert these level-1 rows, then each ancestor level from its children."""
+    _insert(engine, kind, 1, parts, version)
+    starts = {sid: np.unique(group) for sid, group, _ in parts}
+    fields = ", ".join(kind.fields)
     for level in range(2, LEVELS + 1):
         size = BASE**level
         starts = {sid: np.unique(s // size * size) for sid, s in starts.items() if len(s)}
@@ -52,7 +100,7 @@ def rebuild(engine: ChEngine, points: dict[int, blocks.Rows], version: int) -> N
         version = engine.version()  # before reading the children
         pairs = [(sid, start) for sid, s in starts.items() for start in s.tolist()]
         children = engine.query_np(
-            f"SELECT series_id, start, {_FIELDS} FROM {engine.table('rank_blocks')} FINAL"
+            f"SELECT series_id, start, {fields} FROM {engine.table(kind.table)} FINAL"
             " WHERE series_id IN {sids:Array(UInt64)} AND level = {level:UInt8}"
             " AND start BETWEEN {lo:Int64} AND {hi:Int64}"
             " AND (series_id, intDiv(start, {size:Int64}) * {size:Int64})"
@@ -66,12 +114,16 @@ def rebuild(engine: ChEngine, points: dict[int, blocks.Rows], version: int) -> N
         if not len(children):
             return
         of_series = children["series_id"].astype(np.int64)
-        parts = []
+        level_parts = []
         for sid in np.unique(of_series).tolist():
             mine = children[of_series == sid]
             group = mine["start"].astype(np.int64) // size * size
-            parts.append((sid, *blocks.combine(group, as_rows(mine))))
-        _insert(engine, level, parts, version)
+            rows = {
+                name: mine[name].astype(np.float64 if kind.types[name] is np.float64 else np.int64)
+                for name in kind.fields
+            }
+            level_parts.append((sid, *kind.combine(group, rows)))
+        _insert(engine, kind, level, level_parts, version)
 
 
 def read(
@@ -103,6 +155,35 @@ def read(
     return {name: np.asarray(found[name]) for name in fields}, group
 
 
+def read_steps(
+    engine: ChEngine, sid: int, pieces: blocks.Pieces
+) -> tuple[step_blocks.Rows, np.ndarray]:
+    """The step block rows of the pieces' blocks, and each row's group."""
+    listed = pieces.blocks()
+    empty = {name: np.empty(0, dtype=_STEP.types[name]) for name in step_blocks.FIELDS}
+    if not len(listed["start"]):
+        return empty, np.empty(0, dtype=np.int64)
+    pairs = ",".join(
+        f"({level},{start})"
+        for level, start in zip(listed["level"].tolist(), listed["start"].tolist())
+    )
+    found = engine.query_np(
+        f"SELECT level, start, {', '.join(step_blocks.FIELDS)}"
+        f" FROM {engine.table('step_blocks')} FINAL"
+        f" WHERE series_id = {{sid:UInt64}} AND (level, start) IN ({pairs})",
+        {"sid": sid},
+    )
+    if not len(found):
+        return empty, np.empty(0, dtype=np.int64)
+    key = listed["start"] * 16 + listed["level"]
+    order = np.argsort(key)
+    at = np.searchsorted(
+        key[order], found["start"].astype(np.int64) * 16 + found["level"].astype(np.int64)
+    )
+    group = listed["b"][order][at].astype(np.int64)
+    return {name: found[name].astype(_STEP.types[name]) for name in step_blocks.FIELDS}, group
+
+
 def as_rows(found: Any) -> blocks.Rows:
     """Fetched block columns (a record array or a dict of them) as Rows."""
     return {
@@ -115,20 +196,21 @@ def as_rows(found: Any) -> blocks.Rows:
 
 def _insert(
     engine: ChEngine,
+    kind: _Kind,
     level: int,
-    parts: list[tuple[int, np.ndarray, blocks.Rows]],
+    parts: list[tuple[int, np.ndarray, dict[str, np.ndarray]]],
     version: int,
 ) -> None:
     """One insert of every series' block rows at this level: (series id, each row's block
     start, the rows)."""
     engine.insert_series(
-        "rank_blocks",
+        kind.table,
         [
             {
                 "series_id": sid,
                 "level": np.full(len(group), level, dtype=np.uint8),
                 "start": group.astype(np.int64),
-                **{name: rows[name].astype(_TYPES[name]) for name in blocks.FIELDS},
+                **{name: rows[name].astype(kind.types[name]) for name in kind.fields},
             }
             for sid, group, rows in parts
         ],

@@ -24,6 +24,7 @@ from urllib.parse import unquote, urlsplit
 import numpy as np
 from clickhouse_connect.driver.exceptions import DatabaseError
 
+from ...rankmath import step_blocks
 from .. import safe_url
 from ..records import StorageError
 from ..unit import Participant, Units
@@ -59,6 +60,17 @@ TABLES: dict[str, tuple[str, str]] = {
         " total Float64, last_step Int64, sum_delta Float64, sum_abs_z Float64,"
         " outliers UInt32, lr_step Int64, local_rank Int16, version UInt64",
         "series_id, level, start, rank",
+    ),
+    # A step series' sums by block of steps (rankmath/step_blocks.py): the band chart's
+    # buckets without its step rows.
+    "step_blocks": (
+        "series_id UInt64, level UInt8, start Int64, "
+        + ", ".join(
+            f"{name} {'Int64' if name in step_blocks.INTS else 'Float64'}"
+            for name in step_blocks.FIELDS
+        )
+        + ", version UInt64",
+        "series_id, level, start",
     ),
     # The points that were outliers at the default thresholds when their step was last
     # refreshed: a row is current while the point's scores carry the same version.

@@ -9,8 +9,10 @@ def upgrade_points(engine: ChEngine) -> None:
     _copy_int_scalars(engine)
     # Points written before blocks existed: every step stale once, so its blocks are
     # built by the refresh (a cheap check: count() of a MergeTree is metadata).
+    # Points written before step blocks existed: the same, so those are built too.
     ((blocks_kept,),) = engine.rows(f"SELECT count() FROM {engine.table('rank_blocks')}")
-    if not blocks_kept:  # (their outlier rows come with the refresh)
+    ((steps_kept,),) = engine.rows(f"SELECT count() FROM {engine.table('step_blocks')}")
+    if not blocks_kept or not steps_kept:  # (their outlier rows come with the refresh)
         with engine.guarded() as client:
             client.command(
                 f"INSERT INTO {engine.table('stale_steps')} SELECT DISTINCT series_id,"

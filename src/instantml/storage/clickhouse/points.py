@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -335,6 +335,16 @@ class ChPoints:
         engine.insert_series("step_stats", stats, read_at)
         engine.insert_series("scores", scores, read_at)
         block_tables.rebuild(engine, block_rows, read_at)
+        step_rows: dict[int, list[dict[str, Any]]] = {}
+        for of_sid in stats:
+            step_rows.setdefault(cast(int, of_sid["series_id"]), []).append(
+                {k: v for k, v in of_sid.items() if k != "series_id"}
+            )
+        block_tables.rebuild_steps(
+            engine,
+            {sid: _concat(parts) for sid, parts in step_rows.items()},
+            read_at,
+        )
         engine.insert_series("outlier_rows", outliers, read_at)
         done = [
             {"series_id": sid, "step": np.array(steps, dtype=np.int64),

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...rankmath import covers
+from ...rankmath import covers, step_blocks
 from ...rankmath.params import ROBUST_Z_THRESHOLD
 from ..querier import CELL_SUMS, STEP_COLUMNS, CellSums
 from . import block_tables
@@ -54,6 +54,40 @@ class ClickHouseSummaryTables:
             {"sid": series_id, "lo": lo, "hi": hi},
             STEP_COLUMNS,
         )
+
+    def step_span(self, series_id: int, lo: int, hi: int) -> tuple[int, int, int]:
+        count, first, last = self._engine.rows(
+            f"SELECT count(), min(step), max(step) FROM {self._engine.table('step_stats')} FINAL"
+            f" WHERE {_IN_RANGE}",
+            {"sid": series_id, "lo": lo, "hi": hi},
+        )[0]
+        return (int(count), int(first), int(last)) if count else (0, 0, 0)
+
+    def step_rows_at(self, series_id: int, steps: np.ndarray) -> dict[str, np.ndarray]:
+        return self._columns(
+            f"SELECT {', '.join(STEP_COLUMNS)} FROM {self._engine.table('step_stats')} FINAL"
+            " WHERE series_id = {sid:UInt64} AND step IN {steps:Array(Int64)} ORDER BY step",
+            {"sid": series_id, "steps": np.asarray(steps, dtype=np.int64).tolist()},
+            STEP_COLUMNS,
+        )
+
+    def step_block_rows(
+        self, series_id: int, pieces: covers.Pieces
+    ) -> tuple[step_blocks.Rows, np.ndarray]:
+        return block_tables.read_steps(self._engine, series_id, pieces)
+
+    def next_steps(self, series_id: int, after: list[int]) -> dict[int, int]:
+        table = self._engine.table("step_stats")
+        found: dict[int, int] = {}
+        for step in after:  # the last steps of the ranks that left: a few
+            ((count, first),) = self._engine.rows(
+                f"SELECT count(), min(step) FROM {table} FINAL WHERE series_id = {{sid:UInt64}}"
+                " AND step > {after:Int64}",
+                {"sid": series_id, "after": step},
+            )
+            if count:
+                found[step] = int(first)
+        return found
 
     def stale_blocks(self, series_id: int) -> np.ndarray:
         return np.empty(0, dtype=np.int64)

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...rankmath import step_blocks
 from ...rankmath.covers import BASE, DEFAULT_Z, LEVELS, RZ
+from ..querier import STEP_COLUMNS
 from .engine import Engine
 
 
@@ -37,12 +39,18 @@ _COLUMNS = """(
     total DOUBLE NOT NULL, last_step BIGINT NOT NULL, sum_delta DOUBLE NOT NULL,
     sum_abs_z DOUBLE NOT NULL, outliers INTEGER NOT NULL, lr_step BIGINT,
     local_rank SMALLINT);"""
+STEP_BLOCK_COLUMNS = ", ".join(
+    f"{name} {'BIGINT' if name in step_blocks.INTS else 'DOUBLE'} NOT NULL"
+    for name in step_blocks.FIELDS
+)
 SCHEMA = (
     "".join(
         f"CREATE TABLE IF NOT EXISTS {table(level)} {_COLUMNS}\n" for level in range(1, LEVELS + 1)
     )
-    + """
+    + f"""
 CREATE TABLE IF NOT EXISTS stale_blocks (series_id INTEGER NOT NULL, start BIGINT NOT NULL);
+CREATE TABLE IF NOT EXISTS step_blocks (series_id INTEGER NOT NULL, level TINYINT NOT NULL,
+    start BIGINT NOT NULL, {STEP_BLOCK_COLUMNS});
 CREATE TABLE IF NOT EXISTS outlier_rows (
     series_id INTEGER NOT NULL, step BIGINT NOT NULL, rank SMALLINT NOT NULL,
     local_rank SMALLINT, value DOUBLE NOT NULL, delta DOUBLE, z DOUBLE, robust_z DOUBLE);
@@ -82,8 +90,9 @@ POINT_AS_BLOCK = (
 
 def create(engine: Engine) -> None:
     """The tables. A store that kept every level in one table (``rank_blocks``) has its
-    rows moved to the level tables, once; a store written before blocks existed gets
-    every block marked stale and its outlier rows found, once."""
+    rows moved to the level tables, once; a store written before blocks (or before step
+    blocks) existed gets every block marked stale, once, and its outlier rows found (those
+    before blocks)."""
     con = engine.con
 
     def exists(name: str) -> bool:
@@ -94,6 +103,7 @@ def create(engine: Engine) -> None:
         )
 
     existed, one_table = exists(table(1)), exists("rank_blocks")
+    stepped = exists("step_blocks")
     con.execute(SCHEMA)
     if one_table:  # in one transaction: a crash halfway leaves the one table as it was
         con.execute("BEGIN TRANSACTION")
@@ -109,11 +119,13 @@ def create(engine: Engine) -> None:
         except BaseException:
             con.execute("ROLLBACK")
             raise
-    elif not existed:
+    if (not existed and not one_table) or not stepped:
+        # No blocks yet, or none of the step series: every block built again, once.
         con.execute(
             f"INSERT INTO stale_blocks SELECT DISTINCT series_id, step // {BASE} * {BASE}"
-            " FROM rank_points"
+            " FROM rank_points EXCEPT SELECT series_id, start FROM stale_blocks"
         )
+    if not existed and not one_table:
         con.execute(
             "INSERT INTO outlier_rows SELECT series_id, step, rank, local_rank, value, delta,"
             f" z, robust_z FROM rank_points WHERE {IS_OUTLIER}"
@@ -122,7 +134,8 @@ def create(engine: Engine) -> None:
 
 def recompute(engine: Engine, stale: dict[int, list[int]], last: dict[int, int]) -> None:
     """Rebuild these level-1 blocks (by series) from their points, and their ancestors
-    from their children: two statements per level, whatever the number of series.
+    from their children: two statements per level, whatever the number of series, and
+    the step series' blocks of the same intervals (``_step_level``).
 
     A block that ends after its series' ``last`` step is left unbuilt: a summary's cover
     never uses it (it uses only blocks that end within the steps present), and the write
@@ -173,6 +186,7 @@ def recompute(engine: Engine, stale: dict[int, list[int]], last: dict[int, int])
                     " GROUP BY p.series_id, p.parent, p.rank",
                     [*params, *span],
                 )
+        _step_level(engine, level, frame, span)
     frame = {"series_id": sids, "start": level_one}
     with engine.frame("rebuilt", frame) as (source, params):
         con.execute(
@@ -181,6 +195,63 @@ def recompute(engine: Engine, stale: dict[int, list[int]], last: dict[int, int])
             " AND stale_blocks.start = rebuilt.start",
             params,
         )
+
+
+def _step_level(engine: Engine, level: int, frame: dict[str, np.ndarray], span: list[int]) -> None:
+    """The step blocks of this level at the frame's (series, start) pairs, rebuilt: level
+    1 from the step rows, the others from their children, combined by
+    ``rankmath.step_blocks`` (the one definition)."""
+    con = engine.con
+    size = BASE**level
+    with engine.frame("rebuilt", frame) as (source, params):
+        if level == 1:
+            found = con.execute(
+                f"SELECT s.series_id, rebuilt.start AS parent, {', '.join('s.' + c for c in STEP_COLUMNS)}"
+                f" FROM step_stats s JOIN {source} ON s.series_id = rebuilt.series_id"
+                f" AND s.step // {BASE} * {BASE} = rebuilt.start WHERE s.series_id BETWEEN ? AND ?"
+                f" AND s.step BETWEEN ? AND ? + {BASE - 1}",
+                [*params, *span],
+            ).fetchnumpy()
+            stats = {c: np.ma.filled(np.ma.asarray(found[c]), np.nan) for c in STEP_COLUMNS}
+            rows = step_blocks.of_steps(stats)
+        else:
+            found = con.execute(
+                f"SELECT c.series_id, rebuilt.start AS parent, {', '.join('c.' + c for c in step_blocks.FIELDS)}"
+                f" FROM step_blocks c JOIN {source} ON c.series_id = rebuilt.series_id"
+                f" AND c.level = {level - 1} AND c.start // {size} * {size} = rebuilt.start"
+                f" WHERE c.series_id BETWEEN ? AND ? AND c.start BETWEEN ? AND ? + {size - 1}",
+                [*params, *span],
+            ).fetchnumpy()
+            rows = {c: np.asarray(found[c]) for c in step_blocks.FIELDS}
+    with engine.frame("rebuilt", frame) as (source, params):
+        con.execute(
+            f"DELETE FROM step_blocks b USING {source} WHERE b.series_id = rebuilt.series_id"
+            f" AND b.level = {level} AND b.start = rebuilt.start"
+            " AND b.series_id BETWEEN ? AND ? AND b.start BETWEEN ? AND ?",
+            [*params, *span],
+        )
+    if not len(found["series_id"]):
+        return
+    pairs, group = np.unique(
+        np.stack(
+            [
+                np.asarray(found["series_id"], dtype=np.int64),
+                np.asarray(found["parent"], dtype=np.int64),
+            ]
+        ),
+        axis=1,
+        return_inverse=True,
+    )
+    keys, combined = step_blocks.combine(group.ravel(), rows)
+    out = {
+        "series_id": pairs[0][keys].astype(np.int32),
+        "level": np.full(len(keys), level, dtype=np.int8),
+        "start": pairs[1][keys],
+        **{name: combined[name] for name in step_blocks.FIELDS},
+    }
+    listed = ", ".join(out)
+    with engine.frame("step_block_rows", out) as (source, params):
+        con.execute(f"INSERT INTO step_blocks ({listed}) SELECT {listed} FROM {source}", params)
 
 
 def covering(levels: np.ndarray, columns: str) -> str | None:

@@ -20,6 +20,7 @@ TABLES = (
     ("stale_blocks", "start"),
     ("outlier_rows", "step"),
     ("step_stats", "step"),
+    ("step_blocks", "start"),
     *((table(level), "start") for level in range(LEVELS, 0, -1)),
     ("scalar_points", "step"),
     ("rank_points", "step"),

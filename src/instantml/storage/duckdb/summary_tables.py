@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import duckdb
 import numpy as np
 
-from ...rankmath import covers
+from ...rankmath import covers, step_blocks
 from ...rankmath.params import ROBUST_Z_THRESHOLD
 from ..querier import CELL_SUMS, STEP_COLUMNS, CellSums
 from . import block_tables
@@ -50,6 +50,57 @@ class DuckDBSummaryTables:
             {"sid": series_id},
         ).fetchall()[0]
         return int(found)
+
+    def step_span(self, series_id: int, lo: int, hi: int) -> tuple[int, int, int]:
+        count, first, last = self._cur.execute(
+            "SELECT count(*), min(step), max(step) FROM step_stats"
+            " WHERE series_id = $sid AND step BETWEEN $lo AND $hi",
+            {"sid": series_id, "lo": lo, "hi": hi},
+        ).fetchall()[0]
+        return (int(count), int(first), int(last)) if count else (0, 0, 0)
+
+    def step_rows_at(self, series_id: int, steps: np.ndarray) -> dict[str, np.ndarray]:
+        if not len(steps):
+            return {
+                name: np.empty(0, dtype=_STEP_DTYPES.get(name, np.float64)) for name in STEP_COLUMNS
+            }
+        stats = self._cur.execute(
+            f"SELECT {', '.join(STEP_COLUMNS)} FROM step_stats WHERE series_id = $sid"
+            " AND step BETWEEN $lo AND $hi AND list_contains($steps, step)",
+            {"sid": series_id, "lo": int(steps.min()), "hi": int(steps.max()),
+             "steps": np.asarray(steps, dtype=np.int64).tolist()},
+        ).fetchnumpy()  # fmt: skip
+        return _in_step_order(stats)
+
+    def step_block_rows(
+        self, series_id: int, pieces: covers.Pieces
+    ) -> tuple[step_blocks.Rows, np.ndarray]:
+        blocked = pieces.blocks()
+        if not len(blocked["start"]):
+            return _no_step_blocks(), np.empty(0, dtype=np.int64)
+        cur = self._cur
+        cur.register("pieces", blocked)
+        try:
+            found = cur.execute(
+                f"SELECT p.b, {', '.join('r.' + c for c in step_blocks.FIELDS)} FROM step_blocks r"
+                " JOIN pieces p ON p.level = r.level AND p.start = r.start"
+                " WHERE r.series_id = $sid AND r.start IN (SELECT start FROM pieces)",
+                {"sid": series_id},
+            ).fetchnumpy()
+        finally:
+            cur.unregister("pieces")
+        return (
+            {c: np.asarray(found[c]) for c in step_blocks.FIELDS},
+            np.asarray(found["b"]).astype(np.int64),
+        )
+
+    def next_steps(self, series_id: int, after: list[int]) -> dict[int, int]:
+        rows = self._cur.execute(
+            "SELECT a.step, (SELECT min(s.step) FROM step_stats s WHERE s.series_id = $sid"
+            " AND s.step > a.step) FROM (SELECT unnest($after) AS step) a",
+            {"sid": series_id, "after": after},
+        ).fetchall()
+        return {int(a): int(n) for a, n in rows if n is not None}
 
     def step_rows(self, series_id: int, lo: int, hi: int) -> dict[str, np.ndarray]:
         stats = self._cur.execute(
@@ -222,6 +273,16 @@ def _as_rows(found: dict[str, Any]) -> covers.Rows:
         else:
             rows[name] = np.ma.filled(column.astype(np.int64), -1)
     return rows
+
+
+_STEP_DTYPES = {"step": np.int64, "n": np.int64, "expected": np.int64, "nonfinite": np.int64}
+
+
+def _no_step_blocks() -> step_blocks.Rows:
+    return {
+        c: np.empty(0, dtype=np.int64 if c in step_blocks.INTS else np.float64)
+        for c in step_blocks.FIELDS
+    }
 
 
 def _no_cell_sums() -> dict[str, np.ndarray]:
