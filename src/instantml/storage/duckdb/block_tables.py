@@ -135,7 +135,7 @@ def create(engine: Engine) -> None:
 def recompute(engine: Engine, stale: dict[int, list[int]], last: dict[int, int]) -> None:
     """Rebuild these level-1 blocks (by series) from their points, and their ancestors
     from their children: two statements per level, whatever the number of series, and
-    the step series' blocks of the same intervals (``_step_level``).
+    the step series' blocks of the same intervals (``_step_blocks``).
 
     A block that ends after its series' ``last`` step is left unbuilt: a summary's cover
     never uses it (it uses only blocks that end within the steps present), and the write
@@ -147,6 +147,7 @@ def recompute(engine: Engine, stale: dict[int, list[int]], last: dict[int, int])
     level_one = np.concatenate([np.asarray(s, dtype=np.int64) for s in stale.values()])
     newest = np.array([last.get(int(sid), -1) for sid in stale], dtype=np.int64)
     ends = np.repeat(newest, [len(s) for s in stale.values()])
+    rebuilt: list[np.ndarray] = []  # per level from 1: the (series, start) pairs rebuilt
     for level in range(1, LEVELS + 1):
         size = BASE**level
         complete = level_one // size * size + size - 1 <= ends
@@ -186,7 +187,9 @@ def recompute(engine: Engine, stale: dict[int, list[int]], last: dict[int, int])
                     " GROUP BY p.series_id, p.parent, p.rank",
                     [*params, *span],
                 )
-        _step_level(engine, level, frame, span)
+        rebuilt.append(pairs)
+    if rebuilt:
+        _step_blocks(engine, rebuilt)
     frame = {"series_id": sids, "start": level_one}
     with engine.frame("rebuilt", frame) as (source, params):
         con.execute(
@@ -197,61 +200,113 @@ def recompute(engine: Engine, stale: dict[int, list[int]], last: dict[int, int])
         )
 
 
-def _step_level(engine: Engine, level: int, frame: dict[str, np.ndarray], span: list[int]) -> None:
-    """The step blocks of this level at the frame's (series, start) pairs, rebuilt: level
-    1 from the step rows, the others from their children, combined by
-    ``rankmath.step_blocks`` (the one definition)."""
+def _step_blocks(engine: Engine, rebuilt: list[np.ndarray]) -> None:
+    """The step blocks at these (series, start) pairs, level by level from 1, rebuilt:
+    level 1 from the step rows, each level above from its children (those rebuilt here,
+    and the others as kept), combined by ``rankmath.step_blocks`` (the one definition).
+    Four statements whatever the levels: the step rows, the children kept, one delete and
+    one insert."""
     con = engine.con
-    size = BASE**level
+    ones = rebuilt[0]
+    frame = {"series_id": ones[0].astype(np.int32), "start": ones[1]}
+    span = [int(ones[0].min()), int(ones[0].max()), int(ones[1].min()), int(ones[1].max())]
     with engine.frame("rebuilt", frame) as (source, params):
-        if level == 1:
-            found = con.execute(
-                f"SELECT s.series_id, rebuilt.start AS parent, {', '.join('s.' + c for c in STEP_COLUMNS)}"
-                f" FROM step_stats s JOIN {source} ON s.series_id = rebuilt.series_id"
-                f" AND s.step // {BASE} * {BASE} = rebuilt.start WHERE s.series_id BETWEEN ? AND ?"
-                f" AND s.step BETWEEN ? AND ? + {BASE - 1}",
-                [*params, *span],
-            ).fetchnumpy()
-            stats = {c: np.ma.filled(np.ma.asarray(found[c]), np.nan) for c in STEP_COLUMNS}
-            rows = step_blocks.of_steps(stats)
-        else:
-            found = con.execute(
-                f"SELECT c.series_id, rebuilt.start AS parent, {', '.join('c.' + c for c in step_blocks.FIELDS)}"
-                f" FROM step_blocks c JOIN {source} ON c.series_id = rebuilt.series_id"
-                f" AND c.level = {level - 1} AND c.start // {size} * {size} = rebuilt.start"
-                f" WHERE c.series_id BETWEEN ? AND ? AND c.start BETWEEN ? AND ? + {size - 1}",
-                [*params, *span],
-            ).fetchnumpy()
-            rows = {c: np.asarray(found[c]) for c in step_blocks.FIELDS}
-    with engine.frame("rebuilt", frame) as (source, params):
-        con.execute(
-            f"DELETE FROM step_blocks b USING {source} WHERE b.series_id = rebuilt.series_id"
-            f" AND b.level = {level} AND b.start = rebuilt.start"
-            " AND b.series_id BETWEEN ? AND ? AND b.start BETWEEN ? AND ?",
+        found = con.execute(
+            f"SELECT s.series_id, rebuilt.start AS parent, {', '.join('s.' + c for c in STEP_COLUMNS)}"
+            f" FROM step_stats s JOIN {source} ON s.series_id = rebuilt.series_id"
+            f" AND s.step // {BASE} * {BASE} = rebuilt.start WHERE s.series_id BETWEEN ? AND ?"
+            f" AND s.step BETWEEN ? AND ? + {BASE - 1}",
             [*params, *span],
-        )
-    if not len(found["series_id"]):
-        return
-    pairs, group = np.unique(
-        np.stack(
-            [
-                np.asarray(found["series_id"], dtype=np.int64),
-                np.asarray(found["parent"], dtype=np.int64),
-            ]
+        ).fetchnumpy()
+    stats = {c: np.ma.filled(np.ma.asarray(found[c]), np.nan) for c in STEP_COLUMNS}
+    # The children of each level above the first that this rebuild leaves as they are.
+    kept_keys = []
+    for level in range(2, len(rebuilt) + 1):
+        parents, own = rebuilt[level - 1], rebuilt[level - 2]
+        child = BASE ** (level - 1)
+        sids = np.repeat(parents[0], BASE)
+        starts = (parents[1][:, None] + child * np.arange(BASE)).ravel()
+        fresh = _among(sids, starts, own)
+        kept_keys.append((level - 1, sids[~fresh], starts[~fresh]))
+    kept_frame = {
+        "series_id": np.concatenate([k[1] for k in kept_keys] or [np.empty(0, np.int64)]).astype(
+            np.int32
         ),
-        axis=1,
-        return_inverse=True,
-    )
-    keys, combined = step_blocks.combine(group.ravel(), rows)
-    out = {
-        "series_id": pairs[0][keys].astype(np.int32),
-        "level": np.full(len(keys), level, dtype=np.int8),
-        "start": pairs[1][keys],
-        **{name: combined[name] for name in step_blocks.FIELDS},
+        "level": np.concatenate(
+            [np.full(len(k[1]), k[0], dtype=np.int8) for k in kept_keys] or [np.empty(0, np.int8)]
+        ),
+        "start": np.concatenate([k[2] for k in kept_keys] or [np.empty(0, np.int64)]),
     }
-    listed = ", ".join(out)
-    with engine.frame("step_block_rows", out) as (source, params):
-        con.execute(f"INSERT INTO step_blocks ({listed}) SELECT {listed} FROM {source}", params)
+    kept: dict[str, np.ndarray] = {}
+    if len(kept_frame["start"]):
+        with engine.frame("kept", kept_frame) as (source, params):
+            kept = con.execute(
+                f"SELECT c.series_id, c.level, c.start, {', '.join('c.' + c for c in step_blocks.FIELDS)}"
+                f" FROM step_blocks c JOIN {source} ON c.series_id = kept.series_id"
+                " AND c.level = kept.level AND c.start = kept.start",
+                params,
+            ).fetchnumpy()
+    out: list[dict[str, np.ndarray]] = []
+    below = (
+        np.asarray(found["series_id"], dtype=np.int64),
+        np.asarray(found["parent"], dtype=np.int64),
+        step_blocks.of_steps(stats),
+    )
+    for level in range(1, len(rebuilt) + 1):
+        sids, parents, rows = below
+        if level > 1:
+            size = BASE**level
+            if kept:
+                mine = np.asarray(kept["level"]) == level - 1
+                sids = np.concatenate([sids, np.asarray(kept["series_id"], np.int64)[mine]])
+                parents = np.concatenate([parents, np.asarray(kept["start"], np.int64)[mine]])
+                rows = step_blocks.concat(
+                    [rows, {c: np.asarray(kept[c])[mine] for c in step_blocks.FIELDS}]
+                )
+            parents = parents // size * size
+            # Only the parents rebuilt at this level: a complete child's parent may not be.
+            wanted = _among(sids, parents, rebuilt[level - 1])
+            sids, parents = sids[wanted], parents[wanted]
+            rows = {c: rows[c][wanted] for c in step_blocks.FIELDS}
+        if not len(sids):
+            break
+        pairs, group = np.unique(np.stack([sids, parents]), axis=1, return_inverse=True)
+        keys, combined = step_blocks.combine(group.ravel(), rows)
+        out.append({
+            "series_id": pairs[0][keys].astype(np.int32),
+            "level": np.full(len(keys), level, dtype=np.int8),
+            "start": pairs[1][keys],
+            **{name: combined[name] for name in step_blocks.FIELDS},
+        })  # fmt: skip
+        below = (pairs[0][keys], pairs[1][keys], combined)
+    gone = {
+        "series_id": np.concatenate([p[0] for p in rebuilt]).astype(np.int32),
+        "level": np.concatenate(
+            [np.full(p.shape[1], k, dtype=np.int8) for k, p in enumerate(rebuilt, 1)]
+        ),
+        "start": np.concatenate([p[1] for p in rebuilt]),
+    }
+    with engine.frame("gone", gone) as (source, params):
+        con.execute(
+            f"DELETE FROM step_blocks b USING {source} WHERE b.series_id = gone.series_id"
+            " AND b.level = gone.level AND b.start = gone.start",
+            params,
+        )
+    if out:
+        rows_out = {name: np.concatenate([o[name] for o in out]) for name in out[0]}
+        listed = ", ".join(rows_out)
+        with engine.frame("step_block_rows", rows_out) as (source, params):
+            con.execute(f"INSERT INTO step_blocks ({listed}) SELECT {listed} FROM {source}", params)
+
+
+def _among(sids: np.ndarray, starts: np.ndarray, pairs: np.ndarray) -> np.ndarray:
+    """Which of these (series, start)s are among the pairs (a 2 x n array)."""
+    listed = set(zip(pairs[0].tolist(), pairs[1].tolist()))
+    return np.fromiter(
+        ((s, t) in listed for s, t in zip(sids.tolist(), starts.tolist())),
+        dtype=bool,
+        count=len(sids),
+    )
 
 
 def covering(levels: np.ndarray, columns: str) -> str | None:
