@@ -309,17 +309,30 @@ def _among(sids: np.ndarray, starts: np.ndarray, pairs: np.ndarray) -> np.ndarra
     )
 
 
-def covering(levels: np.ndarray, columns: str) -> str | None:
+def covering(levels: np.ndarray, starts: np.ndarray, columns: str) -> str | None:
     """SQL for the block rows of the registered ``pieces`` (``level, start, b``) of a
     series (``$sid``): ``b`` and ``columns`` (of the block tables, ``r.``-prefixed), one
-    branch a level present, each finding its rows by that level's starts alone. None
-    when there are no blocks."""
+    branch a level present, each finding its rows by that level's starts alone, written
+    as constants (a short list, or the range of a long one) so that the zone maps of
+    ``start`` skip the row groups outside them. None when there are no blocks."""
     present = sorted({int(level) for level in levels})
     if not present:
         return None
-    return " UNION ALL ".join(
-        f"SELECT p.b, {columns} FROM {table(level)} r JOIN pieces p"
-        f" ON p.level = {level} AND p.start = r.start WHERE r.series_id = $sid"
-        f" AND r.start IN (SELECT start FROM pieces WHERE level = {level})"
-        for level in present
-    )
+    branches = []
+    for level in present:
+        mine = np.unique(starts[levels == level])
+        if len(mine) <= _LISTED_STARTS:
+            found = f"r.start IN ({', '.join(str(int(s)) for s in mine)})"
+        else:
+            found = (
+                f"r.start BETWEEN {int(mine[0])} AND {int(mine[-1])}"
+                f" AND r.start IN (SELECT start FROM pieces WHERE level = {level})"
+            )
+        branches.append(
+            f"SELECT p.b, {columns} FROM {table(level)} r JOIN pieces p"
+            f" ON p.level = {level} AND p.start = r.start WHERE r.series_id = $sid AND {found}"
+        )
+    return " UNION ALL ".join(branches)
+
+
+_LISTED_STARTS = 64  # a level's starts written out one by one up to this many

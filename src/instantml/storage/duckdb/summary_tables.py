@@ -127,7 +127,9 @@ class DuckDBSummaryTables:
         # Marks are read only where the range has some (most runs have none).
         blocked = pieces.blocks()
         covered = block_tables.covering(
-            blocked["level"], f"r.rank, r.n, r.total{', r.marks' if marked else ''}"
+            blocked["level"],
+            blocked["start"],
+            f"r.rank, r.n, r.total{', r.marks' if marked else ''}",
         )
         if covered is None:
             cells = _no_cell_sums()
@@ -195,7 +197,7 @@ class DuckDBSummaryTables:
     def cover_rows(self, series_id: int, pieces: covers.Pieces) -> covers.Rows:
         blocked = pieces.blocks()
         fields = ", ".join("r." + name for name in covers.FIELDS)
-        covered = block_tables.covering(blocked["level"], fields)
+        covered = block_tables.covering(blocked["level"], blocked["start"], fields)
         cur = self._cur
         cur.register("pieces", blocked)
         cur.register("singles", pieces.singles())
