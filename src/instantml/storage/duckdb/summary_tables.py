@@ -84,8 +84,13 @@ class DuckDBSummaryTables:
             found = cur.execute(
                 f"SELECT p.b, {', '.join('r.' + c for c in step_blocks.FIELDS)} FROM step_blocks r"
                 " JOIN pieces p ON p.level = r.level AND p.start = r.start"
-                " WHERE r.series_id = $sid AND r.start IN (SELECT start FROM pieces)",
-                {"sid": series_id},
+                " WHERE r.series_id = $sid AND r.start BETWEEN $lo AND $hi"
+                " AND r.start IN (SELECT start FROM pieces)",
+                {
+                    "sid": series_id,
+                    "lo": int(blocked["start"].min()),
+                    "hi": int(blocked["start"].max()),
+                },  # fmt: skip
             ).fetchnumpy()
         finally:
             cur.unregister("pieces")
