@@ -90,7 +90,7 @@ class DuckDBSummaryTables:
                     "sid": series_id,
                     "lo": int(blocked["start"].min()),
                     "hi": int(blocked["start"].max()),
-                },  # fmt: skip
+                },
             ).fetchnumpy()
         finally:
             cur.unregister("pieces")
