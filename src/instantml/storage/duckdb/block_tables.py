@@ -268,8 +268,9 @@ def _step_blocks(engine: Engine, rebuilt: list[np.ndarray]) -> None:
             wanted = _among(sids, parents, rebuilt[level - 1])
             sids, parents = sids[wanted], parents[wanted]
             rows = {c: rows[c][wanted] for c in step_blocks.FIELDS}
-        if not len(sids):
-            break
+        if not len(sids):  # no steps under this level's blocks: none to write
+            below = (sids, parents, rows)
+            continue
         pairs, group = np.unique(np.stack([sids, parents]), axis=1, return_inverse=True)
         keys, combined = step_blocks.combine(group.ravel(), rows)
         out.append({
