@@ -16,7 +16,6 @@ from .coverage import missing_ranks
 if TYPE_CHECKING:
     from ..rankmath.rows import SummaryRows
 
-_MEANED = ("mean", "weighted_mean", "std", "p05", "p50", "p95")
 _INT_FIELDS = ("step", "step_end", "count", "expected", "nonfinite", "nonfinite_total")
 _FLOAT_FIELDS = (
     "mean", "weighted_mean", "min", "max", "range", "std", "p05", "p50", "p95"
