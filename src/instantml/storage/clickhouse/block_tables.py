@@ -127,20 +127,24 @@ def _levels(
 
 
 def read(
-    engine: ChEngine, sid: int, pieces: blocks.Pieces, fields: tuple[str, ...]
+    engine: ChEngine,
+    sid: int,
+    pieces: blocks.Pieces,
+    fields: tuple[str, ...],
+    table: str = "rank_blocks",
 ) -> tuple[blocks.Rows, np.ndarray]:
-    """The rows (``fields``) of the pieces' blocks, and each row's group."""
+    """The rows (``fields``) of the pieces' blocks in ``table``, and each row's group."""
     listed = pieces.blocks()
     if not len(listed["start"]):
         return {name: np.empty(0) for name in fields}, np.empty(0, dtype=np.int64)
     # The pieces' (level, start) pairs, as a literal set (numbers this code made): the
-    # primary key (series_id, level, start, rank) finds their granules.
+    # primary key (series_id, level, start[, rank]) finds their granules.
     pairs = ",".join(
         f"({level},{start})"
         for level, start in zip(listed["level"].tolist(), listed["start"].tolist())
     )
     found = engine.query_np(
-        f"SELECT level, start, {', '.join(fields)} FROM {engine.table('rank_blocks')} FINAL"
+        f"SELECT level, start, {', '.join(fields)} FROM {engine.table(table)} FINAL"
         f" WHERE series_id = {{sid:UInt64}} AND (level, start) IN ({pairs})",
         {"sid": sid},
     )
@@ -159,28 +163,7 @@ def read_steps(
     engine: ChEngine, sid: int, pieces: blocks.Pieces
 ) -> tuple[step_blocks.Rows, np.ndarray]:
     """The step block rows of the pieces' blocks, and each row's group."""
-    listed = pieces.blocks()
-    empty = {name: np.empty(0, dtype=_STEP.types[name]) for name in step_blocks.FIELDS}
-    if not len(listed["start"]):
-        return empty, np.empty(0, dtype=np.int64)
-    pairs = ",".join(
-        f"({level},{start})"
-        for level, start in zip(listed["level"].tolist(), listed["start"].tolist())
-    )
-    found = engine.query_np(
-        f"SELECT level, start, {', '.join(step_blocks.FIELDS)}"
-        f" FROM {engine.table('step_blocks')} FINAL"
-        f" WHERE series_id = {{sid:UInt64}} AND (level, start) IN ({pairs})",
-        {"sid": sid},
-    )
-    if not len(found):
-        return empty, np.empty(0, dtype=np.int64)
-    key = listed["start"] * 16 + listed["level"]
-    order = np.argsort(key)
-    at = np.searchsorted(
-        key[order], found["start"].astype(np.int64) * 16 + found["level"].astype(np.int64)
-    )
-    group = listed["b"][order][at].astype(np.int64)
+    found, group = read(engine, sid, pieces, step_blocks.FIELDS, "step_blocks")
     return {name: found[name].astype(_STEP.types[name]) for name in step_blocks.FIELDS}, group
 
 
