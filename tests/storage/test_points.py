@@ -598,3 +598,55 @@ def test_windows_of_the_last_steps_follow_the_run(open_stores: OpenStores) -> No
             assert medians.keys() == expected.keys()
             for rank, (median, count) in expected.items():
                 assert medians[rank][0] == pytest.approx(median) and medians[rank][1] == count
+
+
+def test_two_refreshes_under_one_parent_at_once_leave_every_ancestor_whole(
+    open_stores: OpenStores, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two server processes refresh steps 1 and 60 of one series at once: level-2 blocks
+    # 0 and 48, under one level-3 block. The second reads and writes all its blocks
+    # between the first's read of its children and its write, so it reads the first's
+    # level-2 block as it was; the first's ancestors, older, lose to the second's. Only
+    # the first's check after its write (a child it read or an ancestor it wrote is no
+    # longer the newest) makes it read and write again.
+    if "clickhouse" not in backend and "chdb" not in backend:
+        pytest.skip("the embedded store rebuilds its blocks in one process's transaction")
+    from instantml.storage.clickhouse import block_tables as ch_blocks
+    from instantml.storage.clickhouse.points import ChPoints
+
+    stores = open_stores()
+    writer = Writer(stores)
+    writer.write([Point(s, 0, float(s), world_size=1) for s in range(64)])
+    writer.summary()
+    points = stores.points
+    assert isinstance(points, ChPoints)
+    other = ChPoints(points._engine)  # another process's store, on the same tables
+    writer.write([Point(1, 0, 100.0, world_size=1)])
+    read = ch_blocks._Plan.read
+    reads = []
+
+    def interleaved(plan: object, engine: object) -> None:
+        read(plan, engine)  # type: ignore[arg-type]
+        reads.append(plan)
+        if len(reads) == 1:
+            writer.write([Point(60, 0, -50.0, world_size=1)])
+            other._refresh({writer.sid: [60]})
+
+    monkeypatch.setattr(ch_blocks._Plan, "read", interleaved)
+    while points.needs_refresh(writer.sid):
+        points._refresh(points._stale([writer.sid], 64))
+    assert len(reads) > 4  # the first refresh read again: two plans, a second try
+    total = sum(range(64)) - 1 + 100 - 60 - 50
+    engine = points._engine
+    ranks = engine.rows(
+        f"SELECT level, total, n FROM {engine.table('rank_blocks')} FINAL"
+        " WHERE series_id = {sid:UInt64} AND level >= 3 ORDER BY level",
+        {"sid": writer.sid},
+    )
+    assert ranks == [(level, total, 64) for level in range(3, LEVELS + 1)]
+    steps = engine.rows(
+        f"SELECT level, mean, min, max, steps FROM {engine.table('step_blocks')} FINAL"
+        " WHERE series_id = {sid:UInt64} AND level >= 3 ORDER BY level",
+        {"sid": writer.sid},
+    )
+    assert steps == [(level, total, -50.0, 100.0, 64) for level in range(3, LEVELS + 1)]

@@ -114,6 +114,16 @@ def cover(first: int, last: int) -> tuple[list[tuple[int, int]], list[int]]:
     return found, steps
 
 
+def among(sids: np.ndarray, starts: np.ndarray, pairs: np.ndarray) -> np.ndarray:
+    """Which of these (series, start)s are among the pairs (a 2 x n array)."""
+    listed = set(zip(pairs[0].tolist(), pairs[1].tolist(), strict=True))
+    return np.fromiter(
+        ((s, t) in listed for s, t in zip(sids.tolist(), starts.tolist(), strict=True)),
+        dtype=bool,
+        count=len(sids),
+    )
+
+
 def bucket_keys(steps: np.ndarray, size: int) -> np.ndarray:
     """Each step's bucket number: buckets aligned to multiples of ``size`` from step 0
     (``rankmath.params.bucket_size``)."""

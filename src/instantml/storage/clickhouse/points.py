@@ -334,24 +334,25 @@ class ChPoints:
                     )
         engine.insert_series("step_stats", stats, read_at)
         engine.insert_series("scores", scores, read_at)
-        block_tables.rebuild(engine, block_rows, read_at)
         step_rows: dict[int, list[dict[str, Any]]] = {}
         for of_sid in stats:
             step_rows.setdefault(cast(int, of_sid["series_id"]), []).append(
                 {k: v for k, v in of_sid.items() if k != "series_id"}
             )
-        block_tables.rebuild_steps(
+        settled = block_tables.rebuild(
             engine,
+            block_rows,
             {sid: _concat(parts) for sid, parts in step_rows.items()},
             read_at,
         )
         engine.insert_series("outlier_rows", outliers, read_at)
-        done = [
-            {"series_id": sid, "step": np.array(steps, dtype=np.int64),
-             "stale": np.zeros(len(steps), dtype=np.uint8)}
-            for sid, steps in chunks.items()
-        ]  # fmt: skip
-        engine.insert_series("stale_steps", done, read_at)
+        if settled:  # else the steps stay stale: their blocks' ancestors may be behind
+            done = [
+                {"series_id": sid, "step": np.array(steps, dtype=np.int64),
+                 "stale": np.zeros(len(steps), dtype=np.uint8)}
+                for sid, steps in chunks.items()
+            ]  # fmt: skip
+            engine.insert_series("stale_steps", done, read_at)
         self._backlog = max(0, self._backlog - sum(len(steps) for steps in chunks.values()))
         return True
 

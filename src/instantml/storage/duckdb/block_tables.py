@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...rankmath import step_blocks
+from ...rankmath import covers, step_blocks
 from ...rankmath.covers import BASE, DEFAULT_Z, LEVELS, RZ
 from ..querier import STEP_COLUMNS
 from .engine import Engine
@@ -226,7 +226,7 @@ def _step_blocks(engine: Engine, rebuilt: list[np.ndarray]) -> None:
         child = BASE ** (level - 1)
         sids = np.repeat(parents[0], BASE)
         starts = (parents[1][:, None] + child * np.arange(BASE)).ravel()
-        fresh = _among(sids, starts, own)
+        fresh = covers.among(sids, starts, own)
         kept_keys.append((level - 1, sids[~fresh], starts[~fresh]))
     kept_frame = {
         "series_id": np.concatenate([k[1] for k in kept_keys] or [np.empty(0, np.int64)]).astype(
@@ -265,7 +265,7 @@ def _step_blocks(engine: Engine, rebuilt: list[np.ndarray]) -> None:
                 )
             parents = parents // size * size
             # Only the parents rebuilt at this level: a complete child's parent may not be.
-            wanted = _among(sids, parents, rebuilt[level - 1])
+            wanted = covers.among(sids, parents, rebuilt[level - 1])
             sids, parents = sids[wanted], parents[wanted]
             rows = {c: rows[c][wanted] for c in step_blocks.FIELDS}
         if not len(sids):  # no steps under this level's blocks: none to write
@@ -298,16 +298,6 @@ def _step_blocks(engine: Engine, rebuilt: list[np.ndarray]) -> None:
         listed = ", ".join(rows_out)
         with engine.frame("step_block_rows", rows_out) as (source, params):
             con.execute(f"INSERT INTO step_blocks ({listed}) SELECT {listed} FROM {source}", params)
-
-
-def _among(sids: np.ndarray, starts: np.ndarray, pairs: np.ndarray) -> np.ndarray:
-    """Which of these (series, start)s are among the pairs (a 2 x n array)."""
-    listed = set(zip(pairs[0].tolist(), pairs[1].tolist()))
-    return np.fromiter(
-        ((s, t) in listed for s, t in zip(sids.tolist(), starts.tolist())),
-        dtype=bool,
-        count=len(sids),
-    )
 
 
 def covering(levels: np.ndarray, starts: np.ndarray, columns: str) -> str | None:
