@@ -80,23 +80,14 @@ class SummaryTables(Protocol):
         read as points (an engine that rebuilds them before every read has none)."""
         ...
 
-    def block_cell_sums(self, series_id: int, pieces: covers.Pieces, marked: bool) -> CellSums:
-        """Cell sums of the pieces' block rows (``marked``: the range has non-finite
-        values, so marks must be read)."""
-        ...
-
-    def single_cell_sums(self, series_id: int, pieces: covers.Pieces) -> CellSums:
-        """Cell sums of the points of the pieces' single steps."""
-        ...
-
     def point_cell_sums(self, series_id: int, lo: int, hi: int, size: int) -> CellSums:
         """Cell sums of every point of steps ``lo``-``hi``, bucket ``step // size``
         (``covers.bucket_keys``)."""
         ...
 
-    def cover_rows(self, series_id: int, pieces: covers.Pieces) -> covers.Rows:
+    def cover_rows(self, series_id: int, pieces: covers.Pieces) -> tuple[covers.Rows, np.ndarray]:
         """The block rows and single steps' points of the pieces, as rows
-        (``covers.FIELDS``)."""
+        (``covers.FIELDS``), and each row's group (``b``)."""
         ...
 
     def range_rollup(
@@ -163,24 +154,23 @@ def read(tables: SummaryTables, series_id: int, params: SummaryParams) -> Readin
         kept = params.z == covers.DEFAULT_Z
         if kept:
             # A bucket aligned to a block is that one block; only the range's two edge
-            # buckets take a few blocks per level and single steps. The rollup reads the
-            # cover of the whole range. The rows read grow with the buckets and the ranks,
-            # not the run's length.
+            # buckets take a few blocks per level and single steps. The rows read grow
+            # with the buckets and the ranks, not the run's length.
             pieces = covers.buckets(first, last, heat, present, stale)
             points = int(heat_rows["points"].sum() + heat_rows["nonfinite"].sum())
             cover = (len(pieces.starts) + len(pieces.steps)) * max(found.world_size, 1)
             yield
             if points <= tables.scan_ratio * cover:
                 found.cells = covers.cells(*tables.point_cell_sums(series_id, first, last, heat))
-            else:
-                blocks = tables.block_cell_sums(series_id, pieces, marked)
                 yield
-                found.cells = covers.cells(
-                    *_joined(blocks, tables.single_cell_sums(series_id, pieces))
-                )
-            yield
-            whole = covers.whole(first, last, present, stale)
-            found.rollup = covers.rollup(tables.cover_rows(series_id, whole))
+                whole = covers.whole(first, last, present, stale)
+                found.rollup = covers.rollup(tables.cover_rows(series_id, whole)[0])
+            else:
+                # The buckets' cover is the range's too: one read gives the cells and,
+                # summed per rank, the rollup.
+                rows, group = tables.cover_rows(series_id, pieces)
+                found.cells = covers.cells(rows, group)
+                found.rollup = covers.rollup(rows)
         else:
             yield
             found.rollup = covers.rollup(
@@ -227,11 +217,6 @@ def _bucket_rows(
     return step_blocks.combine(
         np.concatenate([group, single_group]), step_blocks.concat([rows, single_rows])
     )
-
-
-def _joined(first: CellSums, second: CellSums) -> CellSums:
-    sums = {name: np.concatenate([first[0][name], second[0][name]]) for name in CELL_SUMS}
-    return sums, np.concatenate([first[1], second[1]]).astype(np.int64)
 
 
 def drive(reading: Reading, pause: Callable[[], None] | None = None) -> SummaryRows:

@@ -15,7 +15,7 @@ import numpy as np
 
 from ...rankmath import covers, step_blocks
 from ...rankmath.params import ROBUST_Z_THRESHOLD
-from ..querier import CELL_SUMS, STEP_COLUMNS, CellSums
+from ..querier import STEP_COLUMNS, CellSums
 from . import block_tables
 from .engine import ChEngine
 from .windows import first_nonfinite
@@ -92,16 +92,6 @@ class ClickHouseSummaryTables:
     def stale_blocks(self, series_id: int) -> np.ndarray:
         return np.empty(0, dtype=np.int64)
 
-    def block_cell_sums(self, series_id: int, pieces: covers.Pieces, marked: bool) -> CellSums:
-        rows, group = block_tables.read(
-            self._engine, series_id, pieces, ("rank", "n", "marks", "total")
-        )
-        return rows, group
-
-    def single_cell_sums(self, series_id: int, pieces: covers.Pieces) -> CellSums:
-        singles = self._singles(series_id, pieces)
-        return {name: singles[name] for name in CELL_SUMS}, singles["b"]
-
     def point_cell_sums(self, series_id: int, lo: int, hi: int, size: int) -> CellSums:
         found = self._columns(
             "SELECT rank, intDiv(step, {size:Int64}) AS b,"
@@ -114,10 +104,13 @@ class ClickHouseSummaryTables:
         bucket = found.pop("b")
         return found, bucket
 
-    def cover_rows(self, series_id: int, pieces: covers.Pieces) -> covers.Rows:
-        rows, _ = block_tables.read(self._engine, series_id, pieces, covers.FIELDS)
+    def cover_rows(self, series_id: int, pieces: covers.Pieces) -> tuple[covers.Rows, np.ndarray]:
+        rows, group = block_tables.read(self._engine, series_id, pieces, covers.FIELDS)
         singles = self._singles(series_id, pieces)
-        return covers.concat([block_tables.as_rows(rows), singles])
+        return (
+            covers.concat([block_tables.as_rows(rows), singles]),
+            np.concatenate([group, np.asarray(singles["b"], dtype=np.int64)]),
+        )
 
     def range_rollup(
         self, series_id: int, lo: int, hi: int, z: float, robust_z: float

@@ -122,67 +122,6 @@ class DuckDBSummaryTables:
         ).fetchnumpy()["start"]
         return np.asarray(found, dtype=np.int64)
 
-    def block_cell_sums(self, series_id: int, pieces: covers.Pieces, marked: bool) -> CellSums:
-        """Summed per (bucket, rank) in DuckDB, from the block rows and the single steps'
-        points apart: ~1M rows of a long range's cover come back as one row per cell.
-        (Summed in numpy instead, the reader held the GIL for each of them: under
-        sustained writes, with the writer and the health monitor wanting it too, that
-        part took several times its idle cost.)"""
-        cur = self._cur
-        # Marks are read only where the range has some (most runs have none).
-        blocked = pieces.blocks()
-        covered = block_tables.covering(
-            blocked["level"],
-            blocked["start"],
-            f"r.rank, r.n, r.total{', r.marks' if marked else ''}",
-        )
-        if covered is None:
-            cells = _no_cell_sums()
-        else:
-            cur.register("pieces", blocked)
-            try:
-                cells = cur.execute(
-                    "SELECT b, rank, sum(n)::BIGINT AS n, sum(total) AS total"
-                    f"{', sum(marks)::BIGINT AS marks' if marked else ''} FROM ({covered})"
-                    " GROUP BY b, rank",
-                    {"sid": series_id},
-                ).fetchnumpy()
-            finally:
-                cur.unregister("pieces")
-        if "marks" not in cells:
-            cells["marks"] = np.zeros(len(cells["rank"]), dtype=np.int64)
-        return (
-            {name: np.asarray(cells[name]) for name in CELL_SUMS},
-            np.asarray(cells["b"]).astype(np.int64),
-        )
-
-    def single_cell_sums(self, series_id: int, pieces: covers.Pieces) -> CellSums:
-        """The points of these single steps summed per (bucket, rank). Read within the
-        steps' span (zone maps skip the rest)."""
-        singles = pieces.singles()
-        listed = singles["step"]
-        if not len(listed):
-            found = _no_cell_sums()
-        else:
-            cur = self._cur
-            cur.register("singles", singles)
-            try:
-                found = cur.execute(
-                    "SELECT e.b, r.rank, count(*) FILTER (WHERE isfinite(r.value)) AS n,"
-                    " coalesce(sum(r.value) FILTER (WHERE isfinite(r.value)), 0) AS total,"
-                    " count(*) FILTER (WHERE NOT isfinite(r.value)) AS marks"
-                    " FROM rank_points r JOIN singles e ON e.step = r.step"
-                    " WHERE r.series_id = $sid AND r.step BETWEEN $lo AND $hi"
-                    " AND r.step IN (SELECT step FROM singles) GROUP BY e.b, r.rank",
-                    {"sid": series_id, "lo": int(listed.min()), "hi": int(listed.max())},
-                ).fetchnumpy()
-            finally:
-                cur.unregister("singles")
-        return (
-            {name: np.asarray(found[name]) for name in CELL_SUMS},
-            np.asarray(found["b"]).astype(np.int64),
-        )
-
     def point_cell_sums(self, series_id: int, lo: int, hi: int, size: int) -> CellSums:
         """Summed per (rank, bucket) in DuckDB: one row per cell comes back, not a row per
         point."""
@@ -199,7 +138,7 @@ class DuckDBSummaryTables:
             np.asarray(found["b"]).astype(np.int64),
         )
 
-    def cover_rows(self, series_id: int, pieces: covers.Pieces) -> covers.Rows:
+    def cover_rows(self, series_id: int, pieces: covers.Pieces) -> tuple[covers.Rows, np.ndarray]:
         blocked = pieces.blocks()
         fields = ", ".join("r." + name for name in covers.FIELDS)
         covered = block_tables.covering(blocked["level"], blocked["start"], fields)
@@ -216,7 +155,7 @@ class DuckDBSummaryTables:
         finally:
             cur.unregister("pieces")
             cur.unregister("singles")
-        return _as_rows(found)
+        return _as_rows(found), np.asarray(found["b"]).astype(np.int64)
 
     def range_rollup(
         self, series_id: int, lo: int, hi: int, z: float, robust_z: float
@@ -290,9 +229,3 @@ def _no_step_blocks() -> step_blocks.Rows:
         c: np.empty(0, dtype=np.int64 if c in step_blocks.INTS else np.float64)
         for c in step_blocks.FIELDS
     }
-
-
-def _no_cell_sums() -> dict[str, np.ndarray]:
-    """No cell sums (``b, rank, n, total, marks``)."""
-    empty = np.empty(0, dtype=np.int64)
-    return {"b": empty, "rank": empty, "n": empty, "total": np.empty(0), "marks": empty}
