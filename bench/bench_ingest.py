@@ -56,12 +56,17 @@ async def single_requests(
 ) -> float:
     headers = {"Authorization": f"Bearer {key}"}
     done = 0
+    # The clients are made before the clock starts: each builds an SSL context (even for
+    # http://), which on some machines takes longer than a trial's requests.
+    clients = [
+        httpx.AsyncClient(base_url=url, headers=headers, limits=httpx.Limits(max_connections=1))
+        for _ in range(concurrency)
+    ]
     deadline = time.perf_counter() + seconds
 
     async def client(worker: int) -> None:
         nonlocal done
-        limits = httpx.Limits(max_connections=1)
-        async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits) as http:
+        async with clients[worker] as http:
             step = 0
             while time.perf_counter() < deadline:
                 response = await http.post(f"/runs/{run_id}/rank-metrics", json=_body(step, worker))
@@ -80,12 +85,15 @@ async def ingest_batches(
     headers = {"Authorization": f"Bearer {key}"}
     path = f"/runs/{run_id}/rank-metrics"
     events = 0
-    deadline = time.perf_counter() + seconds
     base = uuid.uuid4().hex
+    clients = [
+        httpx.AsyncClient(base_url=url, headers=headers, timeout=120) for _ in range(senders)
+    ]  # before the clock starts, as in single_requests
+    deadline = time.perf_counter() + seconds
 
     async def sender(worker: int) -> None:
         nonlocal events
-        async with httpx.AsyncClient(base_url=url, headers=headers, timeout=120) as http:
+        async with clients[worker] as http:
             batch_no = 0
             while time.perf_counter() < deadline:
                 first = (worker * 1_000_000 + batch_no) * 1000
