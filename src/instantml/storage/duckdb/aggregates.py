@@ -73,18 +73,21 @@ def affected(engine: Engine, sid: int, steps: list[int]) -> list[tuple[int, int]
     return reach(steps, np.asarray(later, dtype=np.int64))
 
 
-def recompute(engine: Engine, sid: int, steps: list[int]) -> list[tuple[int, int]]:
+def recompute(
+    engine: Engine, sid: int, steps: list[int]
+) -> tuple[list[tuple[int, int]], np.ndarray]:
     """Reducers and scores of these steps of one series, from all their points, and the
     scores of the steps whose reference spread they are in. Returns the step ranges
-    scored again (their blocks are stale)."""
+    scored again and the steps in them that have points (their blocks are stale): a range
+    can span a long gap between a step and the next ones it reaches."""
     ranges = affected(engine, sid, steps)
-    for lo, hi in ranges:
-        _recompute_range(engine, sid, lo, hi)
-    return ranges
+    scored = [_recompute_range(engine, sid, lo, hi) for lo, hi in ranges]
+    return ranges, np.concatenate(scored) if scored else np.empty(0, dtype=np.int64)
 
 
-def _recompute_range(engine: Engine, sid: int, lo: int, hi: int) -> None:
-    """Every step from ``lo`` to ``hi`` of one series, scored again from its points."""
+def _recompute_range(engine: Engine, sid: int, lo: int, hi: int) -> np.ndarray:
+    """Every step from ``lo`` to ``hi`` of one series, scored again from its points; the
+    steps that have points."""
     con = engine.con
     _, history = spread_history(engine, sid, lo)
     # The range lets zone maps skip every row group outside the steps.
@@ -99,7 +102,7 @@ def _recompute_range(engine: Engine, sid: int, lo: int, hi: int) -> None:
             {"sid": sid, "lo": lo, "hi": hi},
         )
     if not len(points["step"]):
-        return
+        return np.empty(0, dtype=np.int64)
     step_rows, delta, z, robust = step_stats(
         points["step"], points["value"], points["weight"], points["world_size"], history
     )
@@ -141,3 +144,4 @@ def _recompute_range(engine: Engine, sid: int, lo: int, hi: int) -> None:
             " AND rank_points.rank = scored.rank AND rank_points.step BETWEEN ? AND ?",
             [*params, sid, lo, hi],
         )
+    return np.asarray(step_rows["step"], dtype=np.int64)

@@ -186,15 +186,12 @@ class DuckDBPoints:
             todo[chosen] = todo.get(chosen, set()) | set(chunk)
         for sid, stale in todo.items():
             if stale:
-                ranges = aggregates.recompute(self._engine, sid, sorted(stale))
+                ranges, rescored = aggregates.recompute(self._engine, sid, sorted(stale))
                 self._head.spreads.pop(sid, None)  # read again from the rows just written
                 known = self._head.stale.get(sid, set()) | staged.stale.get(sid, set())
                 staged.refreshed[sid] = {
                     s for s in known if any(lo <= s <= hi for lo, hi in ranges)
                 } | stale
-                rescored = np.concatenate(
-                    [np.arange(lo, hi + 1, dtype=np.int64) for lo, hi in ranges]
-                )
                 self._mark_blocks(
                     {"series_id": np.full(len(rescored), sid, dtype=np.int32), "step": rescored},
                     staged,
