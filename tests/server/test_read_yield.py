@@ -117,8 +117,9 @@ def test_the_summary_pauses_before_each_larger_read_and_answers_the_same() -> No
     paused: list[float] = []
     reading = stores.points.summary_reading(writer.sid, params)
     rows = drive(reading, lambda: paused.append(time.monotonic()))
-    # Before the snapshot, the heatmap's cover, its single steps, the rollup, the outliers.
-    assert len(paused) == 5
+    # Before the snapshot, the heatmap buckets' cover (its cells and the rollup), the
+    # outliers.
+    assert len(paused) == 3
     answer = orjson.loads(JSONResponse(assemble(rows, params)).body)
     expected = reference(points, heatmap_steps=50)
     assert_matches(answer, expected, 1.0)
