@@ -323,11 +323,12 @@ class SqlRuns:
         points = [counted.get(q, 0) for q in seqs]
         if len(seqs) == 1:  # nearly every unit
             params = [sizes[0], sizes[0], lasts[0], lasts[0], points[0], time.time(), seqs[0]]
-            found = self._engine.execute(EXTEND_ONE, params)
+            if not self._engine.changed(EXTEND_ONE, params):
+                self._deleted_under(set(seqs))
         else:
             found = self._engine.execute(EXTEND, [time.time(), seqs, sizes, lasts, points])
-        if len(found) < len(seqs):
-            self._deleted_under(set(seqs) - {int(q) for (q,) in found})
+            if len(found) < len(seqs):
+                self._deleted_under(set(seqs) - {int(q) for (q,) in found})
         staged.written_extents.update(changed)
 
     def _flush_seen(self, staged: _Staged) -> None:

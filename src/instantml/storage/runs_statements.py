@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 # One statement for both: a run given points without growing still gets its count. A plain
-# WHERE for one run, which an embedded engine runs in about half the time of the join.
+# WHERE for one run, which an embedded engine runs in about half the time of the join,
+# counted rather than RETURNING its row (a third of the statement's time there).
 _SETS = (
     "world_size = CASE WHEN {size} > 0 THEN greatest(coalesce(world_size, 0), {size})"
     " ELSE world_size END, last_step = CASE WHEN {last} >= 0"
@@ -12,7 +13,7 @@ _SETS = (
 )
 EXTEND_ONE = (
     f"UPDATE runs SET {_SETS.format(size='%s::INTEGER', last='%s::BIGINT', n='%s::BIGINT')}"
-    " WHERE run_seq = %s RETURNING run_seq"
+    " WHERE run_seq = %s"
 )
 EXTEND = (
     f"UPDATE runs SET {_SETS.format(size='e.size', last='e.last', n='e.n')}"

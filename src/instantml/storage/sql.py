@@ -23,6 +23,10 @@ class SqlEngine(Protocol):
     def execute(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         """A statement of this thread's unit, on its connection."""
 
+    def changed(self, sql: str, params: Sequence[Any]) -> int:
+        """A statement of this thread's unit that changes rows (an UPDATE, a DELETE), on
+        its connection: how many it changed."""
+
     def storable(self, *texts: str | None) -> bool:
         """Whether the engine can hold these texts at all (else no row has them)."""
 

@@ -19,11 +19,14 @@ from typing import Any
 
 import duckdb
 import numpy as np
+import pyarrow as pa
 
 from ..records import StorageError
 from ..unit import Participant, Units
 
-_VALUES_MAX_ROWS = 64
+_LISTS_MAX_ROWS = 128
+_LIST_TYPES = {"b": "BOOLEAN", "f": "DOUBLE", "O": "VARCHAR", "U": "VARCHAR"}
+_INT_TYPES = {1: "TINYINT", 2: "SMALLINT", 4: "INTEGER", 8: "BIGINT"}
 # DuckDB's buffer cache (table pages, the newest Idempotency-Key partition's index) is
 # capped here rather than at DuckDB's default of 80% of RAM: a server that runs for weeks
 # next to training jobs should not grow with the data it has written. Queries past it
@@ -68,6 +71,7 @@ class Engine:
         # takes it too, so it runs between units.
         self._lock = threading.RLock()
         self._units = Units(self._transaction)
+        self._columns: dict[str, list[str]] = {}  # each table's, for append()
         self.closed = False
 
     def join(self, participant: Participant) -> None:
@@ -94,6 +98,13 @@ class Engine:
         assert self.in_unit, "the writing connection is a unit's"
         result = self.con.execute(sql.replace("%s", "?"), list(params))
         return result.fetchall() if result.description else []
+
+    def changed(self, sql: str, params: Sequence[Any]) -> int:
+        """A row-changing ``%s`` statement of this thread's unit: how many rows it changed
+        (DuckDB answers an UPDATE or DELETE with that count)."""
+        assert self.in_unit, "the writing connection is a unit's"
+        (count,) = self.con.execute(sql.replace("%s", "?"), list(params)).fetchone() or (0,)
+        return int(count)
 
     def storable(self, *texts: str | None) -> bool:
         """Whether these texts can be stored (in DuckDB, any text)."""
@@ -143,31 +154,35 @@ class Engine:
     def frame(self, name: str, frame: dict[str, np.ndarray]) -> Iterator[tuple[str, list[Any]]]:
         """A table expression over numpy columns, for ``INSERT ... SELECT ... FROM <it>``.
 
-        Scanning a registered numpy frame has a fixed cost whatever its size, far more than
-        a parameterised VALUES list of a few rows: small frames (one request) go as VALUES,
-        large ones (an ingest batch) as the registered frame.
+        A registered table has a fixed cost whatever its size (a view in the catalog), far
+        more than a statement's list parameters unnested for a few rows (one request), and
+        far less for many (an ingest batch, whose lists the parameters would build
+        element by element): small frames go as lists, large ones as a registered Arrow
+        table (which, unlike a registered numpy array, keeps a NaN a NaN).
         """
         names = list(frame)
-        size = len(frame[names[0]])
-        if size <= _VALUES_MAX_ROWS:
-            row = "(" + ", ".join("?" * len(names)) + ")"
-            params = [v for values in zip(*(c.tolist() for c in frame.values())) for v in values]
-            yield f"(VALUES {', '.join([row] * size)}) AS {name}({', '.join(names)})", params
+        if len(frame[names[0]]) <= _LISTS_MAX_ROWS:
+            listed = ", ".join(f"unnest(?::{_sql_type(c)}[]) AS {n}" for n, c in frame.items())
+            yield f"(SELECT {listed}) AS {name}", [c.tolist() for c in frame.values()]
             return
-        self.con.register(name, frame)
-        # DuckDB reads a NaN in a registered float array as NULL; numpy has no NULL, so
-        # every NULL there was a NaN (a non-finite mark, a step with no finite value).
-        floats = {n for n, column in frame.items() if column.dtype.kind == "f"}
-        source = name
-        if floats:
-            listed = ", ".join(
-                f"coalesce({n}, 'nan'::DOUBLE) AS {n}" if n in floats else n for n in names
-            )
-            source = f"(SELECT {listed} FROM {name}) AS {name}"
+        self.con.register(name, pa.table(frame))
         try:
-            yield source, []
+            yield name, []
         finally:
             self.con.unregister(name)
+
+    def append(self, table: str, columns: dict[str, np.ndarray | pa.Array]) -> None:
+        """Append rows to ``table``, one statement of this thread's unit: a column for each
+        of the table's, in its order (an Arrow array's masked values are NULL). Cheaper
+        than ``INSERT ... SELECT`` from a frame, with no view to register."""
+        assert self.in_unit, "the writing connection is a unit's"
+        wanted = self._columns.get(table)
+        if wanted is None:
+            described = self.con.execute(f"SELECT * FROM {table} LIMIT 0").description
+            wanted = self._columns[table] = [d[0] for d in described]
+        if list(columns) != wanted:
+            raise ValueError(f"{table} has columns {wanted}, not {list(columns)}")
+        self.con.from_arrow(pa.table(columns)).insert_into(table)
 
     @contextmanager
     def rows(
@@ -222,3 +237,11 @@ def damaged_wal(path: str, exc: Exception) -> str:
         " held since that checkpoint are then missing; keep the file to recover them),"
         " then start the server again"
     )
+
+
+def _sql_type(column: np.ndarray) -> str:
+    """The DuckDB type of a numpy column's values as a list parameter."""
+    kind = column.dtype.kind
+    if kind in "iu":
+        return ("U" if kind == "u" else "") + _INT_TYPES[column.dtype.itemsize]
+    return _LIST_TYPES[kind]

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from ...rankmath import covers as block_math
 from ...rankmath.params import ROBUST_Z_THRESHOLD
@@ -61,6 +62,25 @@ def float_scalar_steps(con: Any) -> None:
     )
     con.execute("DROP TABLE scalar_points_int")
     con.execute("COMMIT")
+
+
+def insert_points(engine: Engine, frame: dict[str, np.ndarray]) -> None:
+    """Append a unit's scored rank points (a local rank of -1 is none, a NaN score not
+    scored: both NULL)."""
+    local_rank = frame["local_rank"]
+    engine.append(
+        "rank_points",
+        {
+            **{name: frame[name] for name in ("series_id", "step", "rank", "world_size")},
+            "local_rank": pa.array(local_rank, mask=local_rank < 0),
+            **{name: frame[name] for name in ("value", "weight", "ts")},
+            **{name: _nan_null(frame[name]) for name in ("delta", "z", "robust_z")},
+        },
+    )
+
+
+def _nan_null(column: np.ndarray) -> pa.Array:
+    return pa.array(column, mask=np.isnan(column))
 
 
 def insert_outliers(engine: Engine, frame: dict[str, np.ndarray]) -> None:

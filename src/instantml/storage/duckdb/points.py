@@ -232,16 +232,7 @@ class DuckDBPoints:
             )
         frame = {name: np.concatenate([f[name] for f in frames]) for name in frames[0]}
         staged.frames = [frame]
-        with engine.frame("rank_batch", frame) as (source, params):
-            engine.con.execute(
-                "INSERT INTO rank_points (series_id, step, rank, world_size, local_rank, value,"
-                " weight, ts, delta, z, robust_z) SELECT series_id, step, rank, world_size,"
-                " nullif(local_rank, -1), value, weight, ts,"
-                " CASE WHEN isnan(delta) THEN NULL ELSE delta END,"
-                " CASE WHEN isnan(z) THEN NULL ELSE z END,"
-                f" CASE WHEN isnan(robust_z) THEN NULL ELSE robust_z END FROM {source}",
-                params,
-            )
+        point_tables.insert_points(engine, frame)
         point_tables.insert_outliers(self._engine, frame)
         self._mark_blocks(frame, staged)
         if stats:

@@ -92,6 +92,11 @@ class PgEngine:
 
     execute = read  # a unit's statements run on the unit's connection
 
+    def changed(self, sql: str, params: Sequence[Any]) -> int:
+        """A row-changing statement of this thread's unit: how many rows it changed."""
+        with self.connection() as con:
+            return con.execute(sql, list(params)).rowcount
+
     @contextmanager
     def statements(self) -> Iterator[Execute]:
         """A transaction of its own (not a unit), yielding how to run a statement in it."""
