@@ -4,6 +4,7 @@ their final answer."""
 
 from __future__ import annotations
 
+from itertools import repeat
 from pathlib import Path
 
 from . import segments
@@ -26,31 +27,41 @@ class Cursor:
         self.missing = False
 
     def take(self, count: int, read_bytes: int) -> list[Item]:
-        """Up to ``count`` further complete lines; marks the cursor exhausted at the end."""
-        while self._pos == len(self._lines):
+        """Up to ``count`` further complete lines, read on past the end of a read (a batch
+        cut at every read's end would be a small batch, a whole unit on the server, for
+        each read of each segment); marks the cursor exhausted at the end."""
+        taken: list[Item] = []
+        while len(taken) < count:
+            if self._pos == len(self._lines) and not self._read_more(read_bytes):
+                break
+            start = self._pos
+            self._pos = min(start + count - len(taken), len(self._lines))
+            if self._pos > start:
+                self._taken_end = self._ends[self._pos - 1]
+                taken += zip(
+                    repeat(self), self._lines[start : self._pos], self._ends[start : self._pos]
+                )
+        return taken
+
+    def _read_more(self, read_bytes: int) -> bool:
+        """Read the next complete lines; False (exhausted) when there are none."""
+        while True:
             try:
                 chunk = segments.read_lines(self.path, self._read, read_bytes)
-                if chunk.end == self._read:
-                    if self.path.stat().st_size - self._read < read_bytes:
-                        self.exhausted = True  # nothing more, or only a line being written
-                        return []
-                    read_bytes *= 2  # one line longer than a read: read more
-                    continue
             except FileNotFoundError:
                 self.exhausted = self.missing = True
-                return []
+                return False
+            if chunk.end == self._read:
+                if self.path.stat().st_size - self._read < read_bytes:
+                    self.exhausted = True  # nothing more, or only a line being written
+                    return False
+                read_bytes *= 2  # one line longer than a read: read more
+                continue
             self._lines, self._ends, self._pos = chunk.lines, chunk.ends, 0
             self._read = chunk.end
             if not chunk.lines:
                 self._taken_end = chunk.end  # only blank lines: acknowledged with the rest
-        start, self._pos = self._pos, min(self._pos + count, len(self._lines))
-        self._taken_end = self._ends[self._pos - 1]
-        return [
-            (self, line, end)
-            for line, end in zip(
-                self._lines[start : self._pos], self._ends[start : self._pos], strict=True
-            )
-        ]
+            return True
 
     def ack(self, offset: int | None = None) -> None:
         """Every line before ``offset`` (default: every line taken) has its final answer."""
