@@ -130,3 +130,23 @@ def test_a_bucket_from_blocks_is_the_bucket_from_steps(
             assert entries["max"][j] == stats["max"][valued].max()
         else:
             assert math.isnan(entries["mean"][j]) and math.isnan(entries["min"][j])
+
+
+@given(
+    pairs=st.lists(
+        st.tuples(st.integers(-(2**31), 2**31), st.integers(-(2**63), 2**63 - 1)), max_size=300
+    ),
+    repeats=st.integers(1, 3),
+)
+def test_unique_pairs_is_numpys_unique_over_pairs(
+    pairs: list[tuple[int, int]], repeats: int
+) -> None:
+    """Block keys are made distinct (and each row's block found) by a lexsort: the same
+    pairs, order and inverse as ``np.unique`` over the stacked pairs."""
+    first = np.array([a for a, _ in pairs] * repeats, dtype=np.int64)
+    second = np.array([b for _, b in pairs] * repeats, dtype=np.int64)
+    got, inverse = covers.unique_pairs(first, second)
+    want, want_inverse = np.unique(np.stack([first, second]), axis=1, return_inverse=True)
+    assert got.shape == want.shape and (got == want).all()
+    assert (inverse == want_inverse.ravel()).all()
+    assert (got[0][inverse] == first).all() and (got[1][inverse] == second).all()

@@ -124,6 +124,21 @@ def among(sids: np.ndarray, starts: np.ndarray, pairs: np.ndarray) -> np.ndarray
     )
 
 
+def unique_pairs(first: np.ndarray, second: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct (first, second) pairs in order, as a 2 x n int64 array, and the index
+    of each input pair among them: what ``np.unique(np.stack([first, second]), axis=1,
+    return_inverse=True)`` gives, by a lexsort (unique over an axis sorts the pairs as
+    records, about ten times slower)."""
+    first, second = np.asarray(first, dtype=np.int64), np.asarray(second, dtype=np.int64)
+    order = np.lexsort((second, first))
+    a, b = first[order], second[order]
+    new = np.ones(len(a), dtype=bool)
+    new[1:] = (a[1:] != a[:-1]) | (b[1:] != b[:-1])
+    inverse = np.empty(len(a), dtype=np.intp)
+    inverse[order] = np.cumsum(new) - 1
+    return np.stack([a[new], b[new]]), inverse
+
+
 def bucket_keys(steps: np.ndarray, size: int) -> np.ndarray:
     """Each step's bucket number: buckets aligned to multiples of ``size`` from step 0
     (``rankmath.params.bucket_size``)."""

@@ -127,21 +127,15 @@ class _Plan:
     def __init__(self, kind: _Kind, parts: list[tuple[int, np.ndarray, dict[str, np.ndarray]]]):
         self.kind = kind
         self.parts = [(sid, group, rows) for sid, group, rows in parts if len(group)]
-        own = (
-            np.unique(
-                np.concatenate([
-                    np.stack([np.full(len(group), sid, dtype=np.int64), group.astype(np.int64)])
-                    for sid, group, _ in self.parts
-                ], axis=1),
-                axis=1,
-            )
-            if self.parts
-            else np.empty((2, 0), dtype=np.int64)
-        )  # fmt: skip
+        none = np.empty(0, dtype=np.int64)
+        own = blocks.unique_pairs(
+            np.concatenate([none, *(np.full(len(g), sid) for sid, g, _ in self.parts)]),
+            np.concatenate([none, *(g for _, g, _ in self.parts)]),
+        )[0]
         self.own = [own]  # per level from 1: the (series, start) pairs rebuilt
         for level in range(2, LEVELS + 1):
             size = BASE**level
-            self.own.append(np.unique(np.stack([own[0], own[1] // size * size]), axis=1))
+            self.own.append(blocks.unique_pairs(own[0], own[1] // size * size)[0])
             own = self.own[-1]
         reads = []
         for level in range(2, LEVELS + 1):
@@ -207,16 +201,13 @@ class _Plan:
             rows = {name: np.concatenate([below[2][name], rows_found[name][mine]])
                     for name in kind.fields}  # fmt: skip
             size = BASE**level
-            pairs, group = np.unique(
-                np.stack([sids, starts // size * size]), axis=1, return_inverse=True
-            )
-            keys, combined = kind.combine(group.ravel(), rows)
+            pairs, group = blocks.unique_pairs(sids, starts // size * size)
+            keys, combined = kind.combine(group, rows)
             below = (pairs[0][keys], pairs[1][keys], combined)
             out.append((level, below))
         self.upper = upper
         self.written = np.concatenate(
-            [np.unique(np.stack([s, np.full(len(s), level), t]), axis=1)
-             for level, (s, t, _) in out],
+            [_at_level(blocks.unique_pairs(s, t)[0], level) for level, (s, t, _) in out],
             axis=1,
         )  # fmt: skip
         _insert(
@@ -362,3 +353,8 @@ def _insert(engine: ChEngine, kind: _Kind, columns: dict[str, np.ndarray], versi
             "version": np.full(len(columns["start"]), version, dtype=np.uint64),
         },
     )
+
+
+def _at_level(pairs: np.ndarray, level: int) -> np.ndarray:
+    """(series, start) pairs as (series, level, start) rows of a 3 x n array."""
+    return np.stack([pairs[0], np.full(pairs.shape[1], level, dtype=np.int64), pairs[1]])

@@ -153,10 +153,7 @@ def recompute(engine: Engine, stale: dict[int, list[int]], last: dict[int, int])
         complete = level_one // size * size + size - 1 <= ends
         if not complete.any():
             break  # a block's ancestors end no sooner than it does
-        pairs = np.unique(
-            np.stack([sids[complete].astype(np.int64), level_one[complete] // size * size]),
-            axis=1,
-        )
+        pairs, _ = covers.unique_pairs(sids[complete], level_one[complete] // size * size)
         frame = {"series_id": pairs[0].astype(np.int32), "start": pairs[1]}
         span = [int(pairs[0].min()), int(pairs[0].max()), int(pairs[1].min()), int(pairs[1].max())]
         with engine.frame("rebuilt", frame) as (source, params):
@@ -271,8 +268,8 @@ def _step_blocks(engine: Engine, rebuilt: list[np.ndarray]) -> None:
         if not len(sids):  # no steps under this level's blocks: none to write
             below = (sids, parents, rows)
             continue
-        pairs, group = np.unique(np.stack([sids, parents]), axis=1, return_inverse=True)
-        keys, combined = step_blocks.combine(group.ravel(), rows)
+        pairs, group = covers.unique_pairs(sids, parents)
+        keys, combined = step_blocks.combine(group, rows)
         out.append({
             "series_id": pairs[0][keys].astype(np.int32),
             "level": np.full(len(keys), level, dtype=np.int8),
