@@ -8,7 +8,11 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from instantml.server.write.idempotency import canonical, canonicals
+from instantml.server.write.wire import RankFields
 from tests.helpers import rank_body
 
 
@@ -143,3 +147,26 @@ def test_instantml_ranks_shows_nodes(server: Any, on_nodes: str) -> None:
     slow = instantml("ranks", on_nodes, "--stragglers", env=env)
     assert slow.returncode == 0, slow.stderr
     assert "slow nodes node host-b" in " ".join(slow.stdout.split())
+
+
+@given(
+    bodies=st.lists(
+        st.builds(
+            RankFields,
+            metrics=st.dictionaries(
+                st.sampled_from(["node", '"node":null,', "loss", 'a"b']) | st.text(min_size=1),
+                st.floats(allow_nan=False, allow_infinity=False),
+                min_size=1,
+            ),
+            step=st.integers(0, 2**63 - 1),
+            rank=st.integers(0, 511),
+            world_size=st.integers(1, 512),
+            node=st.none() | st.sampled_from(['"node":null,', "n\n1", ""]) | st.text(),
+        ),
+        max_size=20,
+    )
+)
+def test_a_batchs_canonical_forms_are_each_bodys(bodies: list[RankFields]) -> None:
+    """A batch's bodies are encoded in one call and cut apart: the same bytes, body by
+    body, as each encoded alone (the fingerprint a key replays against)."""
+    assert canonicals(bodies) == [canonical(body) for body in bodies]

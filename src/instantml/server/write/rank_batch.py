@@ -26,7 +26,7 @@ import xxhash
 
 from .commands import MetricMatrix, RankEvents
 from .idempotency import (
-    canonical,
+    canonicals,
     fingerprint_prefix,
     key_hash,
     key_sequence,
@@ -152,7 +152,7 @@ def columns_of(events: list[RankEvent], org_id: int, now: float) -> RankEvents |
     else:
         prefixes = map(fingerprint_prefix, paths)
     prints = np.frombuffer(
-        b"".join(map(xxhash.xxh3_64_digest, map(bytes.__add__, prefixes, map(canonical, bodies)))),
+        b"".join(map(xxhash.xxh3_64_digest, map(bytes.__add__, prefixes, canonicals(bodies)))),
         dtype=">i8",
     ).astype(np.int64)
     matrix = MetricMatrix.of(metrics)
