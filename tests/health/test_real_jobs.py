@@ -157,7 +157,10 @@ def test_a_faulty_job_gets_exactly_its_alerts(
         assert sorted(p["alert"]["id"] for p in posted) == sorted(a["id"] for a in found)
         (when,) = [t for t, (_, body) in zip(receiver.times, receiver.posts, strict=True)
                    if b'"rank_missing"' in body]  # fmt: skip
+        # Lag counts from the rank's last event's arrival, which precedes the exit by up
+        # to one async flush interval (0.5 s) and its upload: the post can come that much
+        # sooner than LAG after the exit, never sooner than that.
         delay = when - float(exit_file.read_text())
-        assert LAG <= delay <= LAG + 10, delay
+        assert LAG - 1.0 <= delay <= LAG + 10, delay
         run = api.get(f"/runs/{run_id}").json()["run"]
         assert run["ranks_lost"] == [{"rank": 3, "last_step": last}]
