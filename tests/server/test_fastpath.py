@@ -20,7 +20,7 @@ from starlette.testclient import TestClient
 
 from instantml.server.app import create_app
 from instantml.server.bootstrap import bootstrap
-from instantml.server.fastpath import WriteFastPath
+from instantml.server.write.committer import GroupCommitter
 from instantml.settings import ServerSettings
 from instantml.storage import open_stores
 from tests.helpers import rank_body
@@ -30,7 +30,7 @@ HEADERS = ("content-type", "www-authenticate", "idempotent-replayed", "x-instant
 
 
 @contextmanager
-def _client(data: Path, fast: bool, rate: float) -> Iterator[TestClient]:
+def _client(data: Path, fast: bool, rate: float, raising: bool = True) -> Iterator[TestClient]:
     data.mkdir(parents=True)
     settings = ServerSettings(
         data_dir=data, write_credentials=False, decode_processes=0, max_body_bytes=4096,
@@ -41,8 +41,11 @@ def _client(data: Path, fast: bool, rate: float) -> Iterator[TestClient]:
         key = bootstrap(settings, stores.tenancy)
         app = create_app(settings, stores)
         if not fast:
-            app.user_middleware = [m for m in app.user_middleware if m.cls is not WriteFastPath]
-        with TestClient(app, base_url="http://127.0.0.1", follow_redirects=False) as client:
+            app.fast_path = None
+        with TestClient(
+            app, base_url="http://127.0.0.1", follow_redirects=False,
+            raise_server_exceptions=raising,
+        ) as client:  # fmt: skip
             client.headers["Authorization"] = f"Bearer {key}"
             yield client
     finally:
@@ -149,3 +152,24 @@ def test_authorization_and_rate_limit_as_the_routes(
         headers = {h: response.headers.get(h) for h in HEADERS if h != "retry-after"}
         refusals.append((_timeless(response.json()), headers))
     assert refusals[0] == refusals[1]
+
+
+def test_an_unexpected_failure_is_answered_as_by_the_routes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug in the write path (here: the writer's hand-off raising) is a 500 naming the
+    exception's type from both, which the server's log gets the traceback of."""
+    with (
+        _client(tmp_path / "fast", True, 0.0, raising=False) as fast,
+        _client(tmp_path / "slow", False, 0.0, raising=False) as slow,
+    ):
+        for client in (fast, slow):
+            assert client.post("/runs", json={"project": "p", "id": "r1"}).status_code == 201
+
+        async def broken(*_: Any) -> None:
+            raise RuntimeError("a bug")
+
+        monkeypatch.setattr(GroupCommitter, "submit", broken)
+        assert _same(fast, slow, "POST", "/runs/r1/rank-metrics", json=rank_body()) == 500
+        answer = fast.post("/runs/r1/rank-metrics", json=rank_body())
+        assert answer.json() == {"error": "internal error (RuntimeError)"}

@@ -51,6 +51,12 @@ def storage_error_response(exc: StorageError) -> JSONResponse:
     return JSONResponse({"error": "storage unavailable; retry"}, status_code=503)
 
 
+def unexpected_response(request: Request, exc: Exception) -> JSONResponse:
+    # A bug by definition (every input has its answer): the traceback goes to the log.
+    log.error("internal error answering %s %s", request.method, request.url.path, exc_info=exc)
+    return JSONResponse({"error": f"internal error ({type(exc).__name__})"}, status_code=500)
+
+
 def _field_name(loc: tuple[object, ...]) -> str:
     parts = [str(p) for p in loc if p not in ("query", "path", "body", "header")]
     return ".".join(parts) or "request"
@@ -79,7 +85,4 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        # A bug by definition (every input has its answer): the traceback goes to the log.
-        log.error("internal error answering %s %s", request.method, request.url.path,
-                  exc_info=exc)  # fmt: skip
-        return JSONResponse({"error": f"internal error ({type(exc).__name__})"}, status_code=500)
+        return unexpected_response(request, exc)
