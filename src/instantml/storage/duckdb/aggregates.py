@@ -23,9 +23,7 @@ def insert_stats(engine: Engine, rows: dict[str, np.ndarray]) -> None:
     names = ("series_id", *STATS_COLUMNS)
     listed = ", ".join(names)
     with engine.frame("stats_batch", {n: rows[n] for n in names}) as (source, params):
-        engine.con.execute(
-            f"INSERT INTO step_stats ({listed}) SELECT {listed} FROM {source}", params
-        )
+        engine.run(f"INSERT INTO step_stats ({listed}) SELECT {listed} FROM {source}", params)
 
 
 def unscore(
@@ -38,7 +36,7 @@ def unscore(
     low, high = int(steps["step"].min()), int(steps["step"].max())
     for table in tables:
         with engine.frame("rescored", steps) as (source, params):
-            engine.con.execute(
+            engine.run(
                 f"DELETE FROM {table} USING {source} WHERE {table}.series_id ="
                 f" rescored.series_id AND {table}.step = rescored.step"
                 f" AND {table}.step BETWEEN ? AND ?",
@@ -51,7 +49,7 @@ def spread_history(engine: Engine, sid: int, before: int | None) -> tuple[np.nda
     ``before`` (all when None) with 2 finite values or more, oldest first, and each one's
     robust spread: what a step's reference spread is taken over, with its own."""
     rows = (
-        engine.con.execute(  # the unit's own connection: it sees the unit's rows
+        engine.run(  # the unit's own connection: it sees the unit's rows
             "SELECT step, n, mad FROM step_stats WHERE series_id = $sid AND step < $before"
             " AND n >= 2 ORDER BY step DESC LIMIT $limit",
             {"sid": sid, "before": np.iinfo(np.int64).max if before is None else before,
@@ -65,7 +63,7 @@ def spread_history(engine: Engine, sid: int, before: int | None) -> tuple[np.nda
 
 def affected(engine: Engine, sid: int, steps: list[int]) -> list[tuple[int, int]]:
     """The step ranges to score again when these steps' points changed (``reach``)."""
-    later = engine.con.execute(
+    later = engine.run(
         "SELECT step FROM step_stats WHERE series_id = $sid AND step > $lo AND n >= 2"
         " ORDER BY step",
         {"sid": sid, "lo": steps[0]},

@@ -85,10 +85,10 @@ class DuckDBLedger:
         self._engine = engine
         self._partitions = self._find_partitions()
         for number in self._partitions:
-            engine.con.execute(SEQ_COLUMNS.format(table=partition_table(number)))
+            engine.run(SEQ_COLUMNS.format(table=partition_table(number)))
         for number in self._partitions[:-1]:  # a store from before: only the newest indexed
-            engine.con.execute(f"DROP INDEX IF EXISTS {partition_table(number)}_key_hi")
-        self._newest_keys = engine.con.execute(
+            engine.run(f"DROP INDEX IF EXISTS {partition_table(number)}_key_hi")
+        self._newest_keys = engine.run(
             f"SELECT count(*) FROM {partition_table(self._partitions[-1])}"
         ).fetchall()[0][0]
         self._claims: set[Slot] = set()
@@ -212,13 +212,13 @@ class DuckDBLedger:
                 cur.execute(f"DELETE FROM {table} WHERE created_at < ?", [before])
 
     def _find_partitions(self) -> list[int]:
-        names = self._engine.con.execute(
+        names = self._engine.run(
             "SELECT table_name FROM information_schema.tables WHERE table_name = 'idempotency'"
             " OR regexp_full_match(table_name, 'idempotency_[0-9]+')"
         ).fetchall()
         numbers = sorted(0 if name == "idempotency" else int(name[12:]) for (name,) in names)
         if not numbers:
-            self._engine.con.execute(PARTITION_SCHEMA.format(table=partition_table(0)))
+            self._engine.run(PARTITION_SCHEMA.format(table=partition_table(0)))
             numbers = [0]
         return numbers
 
@@ -282,7 +282,7 @@ class DuckDBLedger:
                     "points": ([charges[s] for s in slots], np.int64),
                 },
             ) as (source, params):
-                engine.con.execute(
+                engine.run(
                     f"INSERT INTO usage_log SELECT org_id, month, points FROM {source}", params
                 )
         if staged.answers:
@@ -297,12 +297,12 @@ class DuckDBLedger:
             newest, keys = self._partitions[-1], self._newest_keys
             if keys and keys + len(frame["key_hi"]) > PARTITION_KEYS:
                 # Begun in this unit (gone with a rollback); the full one loses its index.
-                engine.con.execute(f"DROP INDEX IF EXISTS {partition_table(newest)}_key_hi")
+                engine.run(f"DROP INDEX IF EXISTS {partition_table(newest)}_key_hi")
                 newest, keys = newest + 1, 0
-                engine.con.execute(PARTITION_SCHEMA.format(table=partition_table(newest)))
+                engine.run(PARTITION_SCHEMA.format(table=partition_table(newest)))
             staged.partition = (newest, keys + len(frame["key_hi"]))
             with engine.frame("idem_batch", frame) as (source, params):
-                engine.con.execute(
+                engine.run(
                     f"INSERT INTO {partition_table(newest)} SELECT org_id, key_hi, key_lo,"
                     f" fingerprint, status, body, created_at, seq, seq_n FROM {source}",
                     params,
@@ -372,7 +372,7 @@ class DuckDBLedger:
         return KeyRanges().union(*merged), tuple(left)
 
     def _load(self, number: int) -> None:
-        keys = self._engine.con.execute(
+        keys = self._engine.run(
             "SELECT org_id, key_hi, key_lo, coalesce(seq, 0) AS seq, coalesce(seq_n, -1) AS seq_n"
             f" FROM {partition_table(number)}"
         ).fetchnumpy()

@@ -96,7 +96,7 @@ def insert_outliers(engine: Engine, frame: dict[str, np.ndarray]) -> None:
     names = ("series_id", "step", "rank", "local_rank", "value", "delta", "z", "robust_z")
     rows = {name: frame[name][chosen] for name in names}
     with engine.frame("outliers", rows) as (source, params):
-        engine.con.execute(
+        engine.run(
             "INSERT INTO outlier_rows SELECT series_id, step, rank, nullif(local_rank, -1),"
             f" value, delta, z, robust_z FROM {source}",
             params,
@@ -113,7 +113,7 @@ def delete_points(engine: Engine, points: list[tuple[int, int, int]]) -> None:
     }
     with engine.frame("rewrites", frame) as (source, params):
         # The ranges let zone maps skip the row groups no rewrite can be in.
-        engine.con.execute(
+        engine.run(
             f"DELETE FROM rank_points USING {source} WHERE"
             " rank_points.series_id = rewrites.series_id AND rank_points.step = rewrites.step"
             " AND rank_points.rank = rewrites.rank"
@@ -131,7 +131,7 @@ def upsert_scalars(engine: Engine, points: list[ScalarPoint]) -> None:
         "preview": ([p.preview for p in points], np.bool_),
     }
     with engine.rows("scalar_batch", columns) as (source, params):
-        engine.con.execute(
+        engine.run(
             "INSERT OR REPLACE INTO scalar_points"
             f" SELECT series_id, step, value, ts, preview FROM {source}",
             params,

@@ -249,9 +249,7 @@ class DuckDBPoints:
                 ),
             }
             with engine.frame("stale_batch", stale) as (source, params):
-                engine.con.execute(
-                    f"INSERT INTO stale_steps SELECT series_id, step FROM {source}", params
-                )
+                engine.run(f"INSERT INTO stale_steps SELECT series_id, step FROM {source}", params)
 
     def _mark_blocks(self, frame: dict[str, np.ndarray], staged: Staged) -> None:
         """Mark stale the level-1 blocks these points are in (those not stale already),
@@ -281,7 +279,7 @@ class DuckDBPoints:
             ),
         }
         with self._engine.frame("stale_block_batch", rows) as (source, params):
-            self._engine.con.execute(
+            self._engine.run(
                 f"INSERT INTO stale_blocks SELECT series_id, start FROM {source}", params
             )
 
