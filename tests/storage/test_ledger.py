@@ -23,13 +23,20 @@ def _record(
     )  # fmt: skip
 
 
-def test_claims_are_exclusive_until_released(stores: Stores) -> None:
+def test_claims_are_exclusive_until_their_owner_releases_them(stores: Stores) -> None:
     ledger = stores.ledger
-    assert ledger.claim({(1, 2, 3), (1, 2, 4)}) == set()
-    assert ledger.claim({(1, 2, 3), (1, 9, 9)}) == {(1, 2, 3)}  # (1, 9, 9) is now claimed
-    ledger.release({(1, 2, 3)})
-    assert ledger.claim({(1, 2, 3)}) == set()
-    assert ledger.claim({(2, 2, 3)}) == set()  # keys are per org
+    assert ledger.claim({(1, 2, 3), (1, 2, 4)}, owner=10) == set()
+    assert ledger.claim({(1, 2, 3), (1, 9, 9)}, owner=11) == {(1, 2, 3)}  # (1, 9, 9): 11's
+    assert ledger.claim({(2, 2, 3)}, owner=12) == set()  # keys are per org
+    ledger.release(10)
+    assert ledger.claim({(1, 2, 3), (1, 2, 4), (1, 9, 9)}, owner=13) == {(1, 9, 9)}
+    ledger.release(99)  # nothing of its own: frees nothing
+    assert ledger.claim({(1, 2, 4), (1, 9, 9), (2, 2, 3)}, owner=14) == {
+        (1, 2, 4), (1, 9, 9), (2, 2, 3)
+    }  # fmt: skip
+    ledger.release(11)
+    ledger.release(12)
+    assert ledger.claim({(1, 9, 9), (2, 2, 3)}, owner=15) == set()
 
 
 def test_answers_are_kept_and_found(open_stores: OpenStores) -> None:

@@ -184,12 +184,19 @@ class Ledger(Protocol):
     """What every server process must agree on about writes: Idempotency-Key claims and
     answers, and the metric points each org used per month."""
 
-    def claim(self, slots: set[Slot]) -> set[Slot]:
-        """Claim keys whose first request is being applied now; returns those already
-        claimed (their repeats are refused as in flight), claiming the rest."""
+    # Whether claims are rows in a database that every server process shares: each claim
+    # and release is then a round trip, which the server makes off its event loop.
+    shared_claims: bool
+
+    def claim(self, slots: set[Slot], owner: int) -> set[Slot]:
+        """Claim keys whose first request is being applied now, for ``owner`` (one request's
+        token); returns those already claimed (their repeats are refused as in flight),
+        claiming the rest."""
         ...
 
-    def release(self, slots: set[Slot]) -> None: ...
+    def release(self, owner: int) -> None:
+        """Free every key claimed for ``owner`` (none lapsed and claimed since by another)."""
+        ...
 
     def lookup(self, keys: Keys) -> dict[Slot, StoredAnswer]:
         """Stored answers of the keys that have one."""

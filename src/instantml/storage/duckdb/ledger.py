@@ -81,6 +81,8 @@ class _Staged:
 
 
 class DuckDBLedger:
+    shared_claims = False  # one process holds the file: its claims are a set in memory
+
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
         self._partitions = self._find_partitions()
@@ -93,6 +95,7 @@ class DuckDBLedger:
         ).fetchall()[0][0]
         self._claims: set[Slot] = set()
         self._claims_lock = threading.Lock()
+        self._owned: dict[int, set[Slot]] = {}  # each owner's claims
         self._uploads = UploadMarks()
         self._used: dict[tuple[int, str], int] = {}
         # What each partition's keys are known by (replaced, never changed in place, but for
@@ -113,15 +116,17 @@ class DuckDBLedger:
 
     # ---- claims: keys whose first request is being applied ----
 
-    def claim(self, slots: set[Slot]) -> set[Slot]:
+    def claim(self, slots: set[Slot], owner: int) -> set[Slot]:
         with self._claims_lock:
             busy = slots & self._claims
-            self._claims.update(slots - busy if busy else slots)
+            taken = slots - busy if busy else slots
+            self._claims.update(taken)
+            self._owned.setdefault(owner, set()).update(taken)
         return busy
 
-    def release(self, slots: set[Slot]) -> None:
+    def release(self, owner: int) -> None:
         with self._claims_lock:
-            self._claims.difference_update(slots)
+            self._claims.difference_update(self._owned.pop(owner, ()))
 
     # ---- answers ----
 

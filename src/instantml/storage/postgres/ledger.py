@@ -1,9 +1,17 @@
 """Idempotency-Key claims and answers, and usage, in PostgreSQL: shared by every server
 process.
 
-- A claim is a row with a lease (``expires``): ``INSERT ... ON CONFLICT DO UPDATE ... WHERE
-  the lease ran out``, so a key is in flight in one process at a time, and a process that
-  died mid-request frees its keys when their lease runs out.
+- A claim is a row with a lease (``expires``) and its request's token (``owner``):
+  ``INSERT ... ON CONFLICT DO UPDATE ... WHERE the lease ran out``, so a key is in flight in
+  one process at a time, and a process that died mid-request frees its keys when their
+  lease runs out. A request releases by its token (``DELETE ... WHERE owner = ...``): one
+  index range, whatever its size, and never a key that lapsed and was claimed since.
+- The claims table's rows come and go by the thousand, so its statistics, taken whenever
+  autovacuum comes by, say little about what it holds when the next statement runs. A
+  generic plan cached from small statements (a prepared statement's, from its sixth run
+  on) met a batch's 10,000 keys with a nested loop over both sides, every key against
+  every row, while its request waited. Claims and releases are planned each time
+  (``prepare=False``), for the table and the arrays as they are.
 - A charge is one conditional ``UPDATE ... SET used = used + n WHERE used + n <= limit``:
   its row lock serialises concurrent charges of an org, so the month's limit is never
   overshot, whichever processes charge.
@@ -56,13 +64,15 @@ class _Staged:
 
 
 class PgLedger:
+    shared_claims = True
+
     def __init__(self, engine: PgEngine) -> None:
         self._engine = engine
         engine.join(self)
 
     # ---- claims ----
 
-    def claim(self, slots: set[Slot]) -> set[Slot]:
+    def claim(self, slots: set[Slot], owner: int) -> set[Slot]:
         if not slots:
             return set()
         org, hi, lo = (int_array(c) for c in zip(*slots))
@@ -72,26 +82,20 @@ class PgLedger:
         with self._engine.connection() as con:
             rows = con.execute(
                 "WITH wanted AS (SELECT * FROM unnest(%s::BIGINT[], %s::BIGINT[], %s::BIGINT[])"
-                " AS w(o, h, l)), taken AS (INSERT INTO claims (org_id, key_hi, key_lo, expires)"
-                " SELECT o, h, l, %s FROM wanted"
-                " ON CONFLICT (org_id, key_hi, key_lo) DO UPDATE SET expires = EXCLUDED.expires"
+                " AS w(o, h, l)), taken AS (INSERT INTO claims"
+                " (org_id, key_hi, key_lo, expires, owner) SELECT o, h, l, %s, %s FROM wanted"
+                " ON CONFLICT (org_id, key_hi, key_lo) DO UPDATE"
+                " SET expires = EXCLUDED.expires, owner = EXCLUDED.owner"
                 " WHERE claims.expires < %s RETURNING org_id, key_hi, key_lo)"
                 " SELECT o, h, l FROM wanted EXCEPT SELECT org_id, key_hi, key_lo FROM taken",
-                [org, hi, lo, now + CLAIM_LEASE, now],
+                [org, hi, lo, now + CLAIM_LEASE, owner, now],
+                prepare=False,
             ).fetchall()
         return {(int(o), int(h), int(w)) for o, h, w in rows}
 
-    def release(self, slots: set[Slot]) -> None:
-        if not slots:
-            return
-        org, hi, lo = (int_array(c) for c in zip(*slots))
+    def release(self, owner: int) -> None:
         with self._engine.connection() as con:
-            con.execute(
-                "DELETE FROM claims USING unnest(%s::BIGINT[], %s::BIGINT[], %s::BIGINT[])"
-                " AS r(o, h, l) WHERE claims.org_id = r.o AND claims.key_hi = r.h"
-                " AND claims.key_lo = r.l",
-                [org, hi, lo],
-            )
+            con.execute("DELETE FROM claims WHERE owner = %s", [owner], prepare=False)
 
     # ---- answers ----
 

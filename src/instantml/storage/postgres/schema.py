@@ -81,4 +81,9 @@ CREATE TABLE retention (
 CREATE TABLE purges (series_id BIGINT PRIMARY KEY, queued_at DOUBLE PRECISION NOT NULL);
 """,
     6: "ALTER TABLE run_ranks ADD COLUMN node TEXT",
+    # A claim's request token: a request releases its own claims, one index range.
+    7: """
+ALTER TABLE claims ADD COLUMN owner BIGINT NOT NULL DEFAULT 0;
+CREATE INDEX claims_owner ON claims (owner);
+""",
 }
