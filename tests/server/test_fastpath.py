@@ -155,7 +155,7 @@ def test_authorization_and_rate_limit_as_the_routes(
 
 
 def test_an_unexpected_failure_is_answered_as_by_the_routes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A bug in the write path (here: the writer's hand-off raising) is a 500 naming the
     exception's type from both, which the server's log gets the traceback of."""
@@ -171,5 +171,9 @@ def test_an_unexpected_failure_is_answered_as_by_the_routes(
 
         monkeypatch.setattr(GroupCommitter, "submit", broken)
         assert _same(fast, slow, "POST", "/runs/r1/rank-metrics", json=rank_body()) == 500
+        caplog.clear()
         answer = fast.post("/runs/r1/rank-metrics", json=rank_body())
         assert answer.json() == {"error": "internal error (RuntimeError)"}
+        (logged,) = [r for r in caplog.records if r.exc_info is not None]
+        assert "POST /runs/r1/rank-metrics" in logged.getMessage()
+        assert logged.exc_info is not None and str(logged.exc_info[1]) == "a bug"

@@ -125,7 +125,6 @@ def test_a_body_without_node_fingerprints_as_before_the_field() -> None:
     the canonical form, a given one is."""
     import msgspec
 
-    from instantml.server.write.idempotency import canonical
     from instantml.server.write.wire import RankBody
 
     plain = msgspec.convert(rank_body(metrics={"node": 1.0, "loss": 2.0}), RankBody)

@@ -120,11 +120,11 @@ def test_the_summary_pauses_before_each_larger_read_and_answers_the_same() -> No
     # Before the snapshot, the heatmap buckets' cover (its cells and the rollup), the
     # outliers.
     assert len(paused) == 3
-    answer = orjson.loads(JSONResponse(assemble(rows, params)).body)
+    answer = orjson.loads(JSONResponse(assemble(rows)).body)
     expected = reference(points, heatmap_steps=50)
     assert_matches(answer, expected, 1.0)
     alone = orjson.loads(
-        JSONResponse(assemble(stores.points.summary_rows(writer.sid, params), params)).body
+        JSONResponse(assemble(stores.points.summary_rows(writer.sid, params))).body
     )
     assert_matches(alone, expected, 1.0)  # and without pauses, the same
     stores.close()

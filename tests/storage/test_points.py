@@ -82,7 +82,7 @@ class Writer:
                         break
             assert not points.needs_refresh(self.sid)
         query = SummaryParams(**params)  # type: ignore[arg-type]
-        answer = assemble(self.stores.points.summary_rows(self.sid, query), query)
+        answer = assemble(self.stores.points.summary_rows(self.sid, query))
         last_steps_of = partial(self.stores.points.last_steps_of, self.sid)
         answer["coverage"]["missing"] = seen_before(answer, query.step_min, last_steps_of)
         return orjson.loads(JSONResponse(answer).body)  # as the server sends it

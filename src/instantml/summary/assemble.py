@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..rankmath.params import SummaryParams
 from ..validation import mark_of
 from .coverage import missing_ranks
 
@@ -22,7 +21,7 @@ _FLOAT_FIELDS = (
 )  # fmt: skip
 
 
-def assemble(rows: SummaryRows, params: SummaryParams) -> dict[str, Any]:
+def assemble(rows: SummaryRows) -> dict[str, Any]:
     """Everything of the answer but ``run_id``, ``key`` and ``keys``."""
     if rows.span is None:
         return empty(rows.world_size)

@@ -92,7 +92,7 @@ async def _summary(
     # summary is polled every few seconds, a write's answer holds up a training job.
     reading = points.summary_reading(sid, params)
     rows = await run_in_threadpool(drive, reading, found.writer.wait_quiet)
-    answer = assemble(rows, params)
+    answer = assemble(rows)
     activity = await run_in_threadpool(found.stores.runs.rank_activity, org_id, run_id)
     await run_in_threadpool(_live_coverage, found, org_id, run_id, sid, params, answer, activity)
     nodes = _nodes(activity)

@@ -331,12 +331,7 @@ def read_steps(
 
 def as_rows(found: Any) -> blocks.Rows:
     """Fetched block columns (a record array or a dict of them) as Rows."""
-    return {
-        name: found[name].astype(
-            np.float64 if name in ("total", "sum_delta", "sum_abs_z") else np.int64
-        )
-        for name in blocks.FIELDS
-    }
+    return _RANK.rows(found)
 
 
 def _insert(engine: ChEngine, kind: _Kind, columns: dict[str, np.ndarray], version: int) -> None:
