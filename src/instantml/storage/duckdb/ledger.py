@@ -120,8 +120,9 @@ class DuckDBLedger:
         with self._claims_lock:
             busy = slots & self._claims
             taken = slots - busy if busy else slots
-            self._claims.update(taken)
-            self._owned.setdefault(owner, set()).update(taken)
+            if taken:  # an owner with nothing taken never releases: keep no entry for it
+                self._claims.update(taken)
+                self._owned.setdefault(owner, set()).update(taken)
         return busy
 
     def release(self, owner: int) -> None:
