@@ -40,8 +40,10 @@ def test_a_head_is_rebuilt_from_the_tables(con: duckdb.DuckDBPyConnection) -> No
     assert head.newest_by_rank(3) is None
     assert head.last_step == {1: 5, 2: 7}
     assert head.stale == {1: {3}, 2: {7}}
-    assert head.dirty == {1: {0, 4}}
-    assert head.backlog() == 4  # two stale steps, two stale blocks
+    # Listed blocks, and the block of each stale step (series 2's step 7 is in block 4,
+    # which no row lists: a single request's unit leaves it to the step's row).
+    assert head.dirty == {1: {0, 4}, 2: {4}}
+    assert head.backlog() == 5  # two stale steps, three stale blocks
     assert head.tails == {} and head.spreads == {}  # caches start empty
 
 
@@ -49,6 +51,7 @@ def test_a_unit_changes_the_head_only_when_committed(con: duckdb.DuckDBPyConnect
     _points(con, [(1, 4, 0)])
     con.execute("INSERT INTO stale_steps VALUES (1, 2), (1, 3)")
     head = Head.load(con)
+    assert head.dirty == {1: {0}}  # the block of the stale steps
     staged = Staged()
     staged.frames = [
         {"series_id": np.array([1, 1, 9]), "rank": np.array([0, 3, 0]),
@@ -65,10 +68,10 @@ def test_a_unit_changes_the_head_only_when_committed(con: duckdb.DuckDBPyConnect
     assert head.newest_by_rank(9).tolist() == [1]
     assert head.last_step == {1: 6, 9: 1}
     assert head.stale == {1: {5}}  # 2 and 3 recomputed, 5 newly stale
-    assert head.dirty == {1: {4}}
+    assert head.dirty == {1: {0, 4}}
     assert head.tail_points == 2
     rebuilt = Staged()
-    rebuilt.rebuilt = {1: {4}}
+    rebuilt.rebuilt = {1: {0, 4}}
     rebuilt.refreshed = {1: {5}}
     rebuilt.tails = {1: None}  # the open step closed
     head.commit(rebuilt)

@@ -652,6 +652,44 @@ def test_two_refreshes_under_one_parent_at_once_leave_every_ancestor_whole(
     assert steps == [(level, total, -50.0, 100.0, 64) for level in range(3, LEVELS + 1)]
 
 
+def test_blocks_stale_by_single_requests_are_stale_after_a_restart(
+    open_stores: OpenStores, backend: str
+) -> None:
+    # Single requests' points all go stale; their blocks are stale by those steps' rows
+    # (the embedded store lists no block of a stale step): after a restart they are
+    # still rebuilt, and a summary read before they are reads their points.
+    stores = open_stores()
+    writer = Writer(stores)
+    writes = [Point(s, r, float((s * 7 + r) % 11)) for s in range(40) for r in range(4)]
+    writer.write(writes)
+    writer.summary()  # every block built
+    singles = [Point(41, r, float(r)) for r in range(4)] + [Point(5, 2, 99.0)]
+    for point in singles:
+        writer.write([point])
+    if "chdb" not in backend and "clickhouse" not in backend:
+        con = stores.points._engine.con  # type: ignore[attr-defined]
+        listed = {start for (start,) in con.execute("SELECT start FROM stale_blocks").fetchall()}
+        assert not listed & {4, 40}  # blocks of stale steps: no row of their own
+        tables = DuckDBSummaryTables(stores.points._engine.cursor())  # type: ignore[attr-defined]
+        assert {4, 40} <= set(tables.stale_blocks(writer.sid).tolist())
+    stores.close()
+    again = open_stores()
+    if "chdb" not in backend and "clickhouse" not in backend:
+        assert {4, 40} <= again.points._head.dirty[writer.sid]  # type: ignore[attr-defined]
+    with again.unit():  # the stale steps scored again; their blocks not rebuilt yet
+        again.points.maintain()
+    if "chdb" not in backend and "clickhouse" not in backend:
+        con = again.points._engine.con  # type: ignore[attr-defined]
+        listed = {start for (start,) in con.execute("SELECT start FROM stale_blocks").fetchall()}
+        assert {4, 40} <= listed  # now by rows of their own
+    again.close()
+    writer.stores = again = open_stores()
+    late = [p for p in writes if (p.step, p.rank) != (5, 2)] + singles
+    assert_matches(writer.summary("upkeep"), reference(late), 1.0)
+    assert_matches(writer.summary("drain"), reference(late), 1.0)
+    assert again.points.backlog() == 0
+
+
 def test_a_late_point_before_a_gap_marks_only_the_blocks_that_hold_points(
     open_stores: OpenStores, backend: str
 ) -> None:

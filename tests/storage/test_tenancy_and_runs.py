@@ -109,6 +109,13 @@ def test_series_extents_status_and_attributes(open_stores: OpenStores) -> None:
     with stores.unit():
         done = runs.set_status(run, "finished")
     assert done.status == "finished" and done.world_size == 8
+    for extent, want in [((4, 15), (8, 15)), ((16, 13), (16, 15)), ((0, 20), (16, 20))]:
+        with stores.unit():  # across units: a world size known not to grow is left alone
+            runs.extend({run.seq: extent})
+            runs.count_points({run.seq: 3})
+        record = runs.get_run(org, "r")
+        assert record is not None and (record.world_size, record.last_step) == want
+    assert record.points == 9
     stores.close()
     again = open_stores().runs
     assert sorted(again.series(org, "r") or []) == sorted(

@@ -30,7 +30,7 @@ from .records import (
     run_record,
     run_values,
 )
-from .runs_statements import EXTEND, EXTEND_ONE, SEE_RANKS
+from .runs_statements import EXTEND, EXTEND_ONE, EXTEND_ONE_SAME_SIZE, SEE_RANKS
 from .sql import SqlEngine
 
 RUN_COLUMNS = (
@@ -322,8 +322,13 @@ class SqlRuns:
         sizes, lasts = map(list, zip(*(changed.get(q, (0, -1)) for q in seqs), strict=True))
         points = [counted.get(q, 0) for q in seqs]
         if len(seqs) == 1:  # nearly every unit
-            params = [sizes[0], sizes[0], lasts[0], lasts[0], points[0], time.time(), seqs[0]]
-            if not self._engine.changed(EXTEND_ONE, params):
+            seq, size, last, now = seqs[0], sizes[0], lasts[0], time.time()
+            known = self._extent.get(seq)
+            if size <= (0 if known is None else known[0]):  # a world size no larger than one stored
+                sql, params = EXTEND_ONE_SAME_SIZE, [last, last, points[0], now, seq]
+            else:
+                sql, params = EXTEND_ONE, [size, size, last, last, points[0], now, seq]
+            if not self._engine.changed(sql, params):
                 self._deleted_under(set(seqs))
         else:
             found = self._engine.execute(EXTEND, [time.time(), seqs, sizes, lasts, points])

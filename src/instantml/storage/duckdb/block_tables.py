@@ -9,7 +9,9 @@ order they were built (by step), and the read of that level's starts (a semi-joi
 them) skips most of the rest, so a long run's cover reads far less.
 
 Blocks are derived data: a write marks the level-1 blocks of the steps it touched
-(``stale_blocks``, in the same unit as the points), and ``recompute`` rebuilds those and
+(``stale_blocks``, in the same unit as the points; a block holding a step the write left
+stale is stale by that step's row alone until the step is scored again: ``head.py``'s
+``implied_blocks``), and ``recompute`` rebuilds those and
 their ancestors from the points' current scores (after stale steps are recomputed), in
 the background or before a read. Rewrites, late points and replays go the same way, so
 every level stays exact. A block is built only once its series has a step past its end

@@ -7,7 +7,8 @@ beyond it is new (nearly all of them) and one at or before it may rewrite an exi
 point, whose old row the store deletes in the same unit before the new one goes in.
 
 Beside it: the stale steps and stale level-1 blocks waiting for the compaction work
-(``stale_steps`` and ``stale_blocks`` on disk, the truth; here, their index), each
+(``stale_steps`` and ``stale_blocks`` on disk, the truth, with the blocks of the stale
+steps, which need no row of their own; here, their index), each
 series' open step (its *tail*: the points of a step a batch ended inside, scored again
 whole when the rest arrives), the robust spreads a new step's reference spread is taken
 over, and the first step of each health window looked at (a guess that saves reads).
@@ -20,10 +21,12 @@ the unit commits, so a rolled-back unit leaves the head as it was.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
+from ...rankmath.covers import BASE
 from ...rankmath.step_stats import REFERENCE_STEPS, robust_spread
 from ..records import ScalarPoint
 
@@ -81,6 +84,8 @@ class Head:
             "SELECT DISTINCT series_id, start FROM stale_blocks"
         ).fetchall():
             head.dirty.setdefault(sid, set()).add(start)
+        for sid, steps in head.stale.items():  # stale by a step's row, not one of their own
+            head.dirty.setdefault(sid, set()).update(implied_blocks(steps))
         newest = con.execute(
             "SELECT series_id, rank, max(step) AS step FROM rank_points GROUP BY series_id, rank"
         ).fetchnumpy()
@@ -162,6 +167,13 @@ class Head:
         self.spreads[sid] = (all_steps[order], spreads[order])
         if len(self.spreads) > CACHED_SERIES:
             self.spreads.clear()
+
+
+def implied_blocks(steps: Iterable[int]) -> set[int]:
+    """The level-1 blocks that hold these stale steps: stale too, whether or not
+    ``stale_blocks`` lists them (a unit that leaves a step stale lists its block only
+    when scoring the step again)."""
+    return {step // BASE * BASE for step in steps}
 
 
 def _forget(sets: dict[int, set[int]], done: dict[int, set[int]]) -> None:

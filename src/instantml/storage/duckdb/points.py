@@ -35,7 +35,7 @@ from .. import querier
 from ..records import ScalarPoint, latest_points, step_number
 from . import aggregates, block_tables, point_tables, purge, windows
 from .engine import Engine
-from .head import Head, Staged
+from .head import Head, Staged, implied_blocks
 from .summary_tables import DuckDBSummaryTables
 
 if TYPE_CHECKING:
@@ -195,6 +195,7 @@ class DuckDBPoints:
                 self._mark_blocks(
                     {"series_id": np.full(len(rescored), sid, dtype=np.int32), "step": rescored},
                     staged,
+                    listed=True,
                 )
         dirty = {
             sid: self._head.dirty.get(sid, set()) | staged.dirty.get(sid, set())
@@ -251,31 +252,41 @@ class DuckDBPoints:
             with engine.frame("stale_batch", stale) as (source, params):
                 engine.run(f"INSERT INTO stale_steps SELECT series_id, step FROM {source}", params)
 
-    def _mark_blocks(self, frame: dict[str, np.ndarray], staged: Staged) -> None:
+    def _mark_blocks(
+        self, frame: dict[str, np.ndarray], staged: Staged, listed: bool = False
+    ) -> None:
         """Mark stale the level-1 blocks these points are in (those not stale already),
         and the one that held the series' newest step when these points take it past that
         block's end: the blocks left unbuilt while incomplete are among its ancestors
-        (``block_tables.recompute``)."""
+        (``block_tables.recompute``).
+
+        A block that holds a step this unit leaves stale gets no row in ``stale_blocks``:
+        it is stale by that step's row (``implied_blocks``), which saves single requests,
+        whose points all go stale, a statement in every unit. When that step is scored
+        again its block gets a row (``listed``: every block of these points gets one, a
+        block stale until now by its steps alone among them)."""
         sids, steps = frame["series_id"], frame["step"]
-        new: dict[int, set[int]] = {}
+        listed_now: dict[int, set[int]] = {}  # the rows to write
         for sid in np.unique(sids).tolist():
             mine = steps[sids == sid]
             starts = set(block_math.level_one(mine).tolist())
             before = self._head.last_step.get(sid, -1)
             if before >= 0 and int(mine.max()) // block_math.BASE > before // block_math.BASE:
                 starts.add(before // block_math.BASE * block_math.BASE)
-            starts -= self._head.dirty.get(sid, set()) | staged.dirty.get(sid, set())
-            if starts:
-                new[sid] = starts
-                staged.dirty.setdefault(sid, set()).update(starts)
-        if not new:
+            fresh = starts - (self._head.dirty.get(sid, set()) | staged.dirty.get(sid, set()))
+            if fresh:
+                staged.dirty.setdefault(sid, set()).update(fresh)
+            to_list = starts if listed else fresh - implied_blocks(staged.stale.get(sid, ()))
+            if to_list:
+                listed_now[sid] = to_list
+        if not listed_now:
             return
         rows = {
             "series_id": np.concatenate(
-                [np.full(len(s), sid, dtype=np.int32) for sid, s in new.items()]
+                [np.full(len(s), sid, dtype=np.int32) for sid, s in listed_now.items()]
             ),
             "start": np.concatenate(
-                [np.fromiter(s, dtype=np.int64, count=len(s)) for s in new.values()]
+                [np.fromiter(s, dtype=np.int64, count=len(s)) for s in listed_now.values()]
             ),
         }
         with self._engine.frame("stale_block_batch", rows) as (source, params):

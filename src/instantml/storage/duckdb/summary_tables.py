@@ -117,7 +117,9 @@ class DuckDBSummaryTables:
 
     def stale_blocks(self, series_id: int) -> np.ndarray:
         found = self._cur.execute(
-            "SELECT DISTINCT start FROM stale_blocks WHERE series_id = $sid ORDER BY start",
+            "SELECT start FROM stale_blocks WHERE series_id = $sid UNION"  # with implied_blocks
+            f" SELECT step // {covers.BASE} * {covers.BASE} FROM stale_steps WHERE series_id = $sid"
+            " ORDER BY start",
             {"sid": series_id},
         ).fetchnumpy()["start"]
         return np.asarray(found, dtype=np.int64)
