@@ -60,15 +60,29 @@ def test_answers_are_kept_and_found(open_stores: OpenStores) -> None:
 
 
 def test_answers_keep_every_character(stores: Stores) -> None:
-    # A run's answer holds what its config held: tabs, newlines, backslashes, quotes.
+    # A run's answer holds what its config held: tabs, newlines, backslashes, quotes, any
+    # character; bodies of every length (none too), keys and fingerprints of every sign.
     bodies = ['{"run": {"config": {"a": "x\ty"}}}', '{"n": "line\nnext\r\\\\N"}',
-              "\\.", '{"accepted": 3}', '{"accepted": 3}']  # fmt: skip
-    slots = [(1, 40 + i, 1) for i in range(len(bodies))]
+              "\\.", '{"accepted": 3}', '{"accepted": 3}', "", '{"name": "r\u00e9sum\u00e9 \u2713"}',
+              '{"accepted": 12}']  # fmt: skip
+    slots = [(1, (-1) ** i * (40 + i) << 56, -i) for i in range(len(bodies))]
     keys = Keys.of(slots)
-    with stores.unit():
-        stores.ledger.record(keys, keys.hi, np.full(len(slots), 201, dtype=np.int16), bodies, 5.0)
+    prints = np.array([(-1) ** i * (i + 1) << 60 for i in range(len(bodies))], dtype=np.int64)
+    statuses = np.array([200, 201] * (len(bodies) // 2), dtype=np.int16)
+    with stores.unit():  # in two parts, as a unit of several requests records them
+        for part in (slice(0, 3), slice(3, None)):
+            stores.ledger.record(
+                Keys.of(slots[part]), prints[part], statuses[part], bodies[part], 5.0
+            )
     found = stores.ledger.lookup(keys)
-    assert {slot: answer.body for slot, answer in found.items()} == dict(zip(slots, bodies))
+    assert found == {
+        slot: StoredAnswer(int(f), int(s), body)
+        for slot, f, s, body in zip(slots, prints, statuses, bodies, strict=True)
+    }
+    same = Keys.of([(1, 90 + i, -1) for i in range(3)])  # one body for every key
+    with stores.unit():
+        stores.ledger.record(same, same.lo, np.full(3, 200, dtype=np.int16), ["\u00e9\t"] * 3, 6.0)
+    assert set(stores.ledger.lookup(same).values()) == {StoredAnswer(-1, 200, "\u00e9\t")}
 
 
 def test_the_limit_is_exact_and_month_bound(open_stores: OpenStores) -> None:

@@ -43,24 +43,61 @@ def int_array(values: Iterable[int]) -> str:
     return "{" + ",".join(map(str, values)) + "}"
 
 
-def _escaped(text: str) -> str:
-    """A value in COPY's text format (backslash, tab, newline and carriage return escaped)."""
-    return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
+# PostgreSQL's binary COPY: a signature, flags and header extension length; each row its
+# field count, then each field's byte length and big-endian value; -1 fields at the end.
+_COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + np.array([0, 0], dtype=">i4").tobytes()
+_COPY_TRAILER = np.array([-1], dtype=">i2").tobytes()
+_ANSWER_FIELDS = [("org_id", ">i8"), ("key_hi", ">i8"), ("key_lo", ">i8"),
+                  ("fingerprint", ">i8"), ("status", ">i2")]  # fmt: skip
 
 
-def copy_text(rows: list[tuple[int, int, int, int, int, str, float]]) -> str:
-    """The answers' rows as one block of COPY text: one string built here rather than a
-    row at a time through psycopg's writer. Bodies repeat (one answer for a whole batch
-    is usual): each distinct one is escaped once."""
-    escaped = {body: _escaped(body) for body in {row[5] for row in rows}}
-    return "".join(
-        [f"{o}\t{h}\t{w}\t{f}\t{s}\t{escaped[b]}\t{t!r}\n" for o, h, w, f, s, b, t in rows]
-    )
+def copy_binary(
+    org: np.ndarray, hi: np.ndarray, lo: np.ndarray, fingerprint: np.ndarray,
+    status: np.ndarray, body: Sequence[str], created_at: np.ndarray,
+) -> bytes:  # fmt: skip
+    """The answers as one block of binary COPY, built as numpy records, one record type
+    per body length (a batch's bodies have one or a few): no Python work per row but the
+    body's lookup, where text COPY formatted every number of every row."""
+    encoded = {text: text.encode() for text in set(body)}
+    if len(encoded) == 1:  # one answer for every row (a batch's usual case)
+        blobs: Sequence[bytes] = [*encoded.values()] * len(body)
+        sizes = np.full(len(body), len(blobs[0]) if blobs else 0)
+    else:
+        blobs = [encoded[text] for text in body]
+        sizes = np.fromiter(map(len, blobs), dtype=np.int64, count=len(blobs))
+    values = dict(zip([n for n, _ in _ANSWER_FIELDS], (org, hi, lo, fingerprint, status)))
+    parts = [_COPY_HEADER]
+    for size in np.unique(sizes).tolist():
+        rows = np.flatnonzero(sizes == size)
+        fields: list[tuple[str, str]] = [("count", ">i2")]
+        for name, kind in [*_ANSWER_FIELDS, ("body", f"S{size}"), ("created_at", ">f8")]:
+            if size or name != "body":  # an empty body is its length alone
+                fields += [(f"{name}_size", ">i4"), (name, kind)]
+            else:
+                fields.append((f"{name}_size", ">i4"))
+        record = np.empty(len(rows), dtype=np.dtype(fields))
+        record["count"] = 7
+        for name, kind in _ANSWER_FIELDS:
+            record[f"{name}_size"] = np.dtype(kind).itemsize
+            record[name] = values[name][rows]
+        record["body_size"] = size
+        if size and len(encoded) == 1:
+            record["body"] = blobs[0]
+        elif size:
+            record["body"] = [blobs[i] for i in rows.tolist()]
+        record["created_at_size"] = 8
+        record["created_at"] = created_at[rows]
+        parts.append(record.tobytes())
+    parts.append(_COPY_TRAILER)
+    return b"".join(parts)
 
 
 @dataclass
 class _Staged:
-    answers: list[tuple[int, int, int, int, int, str, float]] = field(default_factory=list)
+    # Chunks of answers as columns: keys, fingerprints, statuses, bodies, created_at.
+    answers: list[tuple[Keys, np.ndarray, np.ndarray, Sequence[str], float]] = field(
+        default_factory=list
+    )
 
 
 class PgLedger:
@@ -123,12 +160,7 @@ class PgLedger:
         created_at: float,
     ) -> None:
         staged: _Staged = self._engine.staged(self)
-        staged.answers.extend(
-            zip(
-                keys.org.tolist(), keys.hi.tolist(), keys.lo.tolist(), fingerprint.tolist(),
-                status.tolist(), body, [created_at] * len(body), strict=True,
-            )
-        )  # fmt: skip
+        staged.answers.append((keys, fingerprint, status, body, created_at))
 
     def prune(self, before: float) -> None:
         with self._engine.connection() as con:
@@ -184,15 +216,23 @@ class PgLedger:
     def flush(self, staged: _Staged) -> None:
         if not staged.answers:
             return
+        keys = Keys.concat([chunk[0] for chunk in staged.answers])
+        block = copy_binary(
+            keys.org, keys.hi, keys.lo,
+            np.concatenate([chunk[1] for chunk in staged.answers]),
+            np.concatenate([chunk[2] for chunk in staged.answers]),
+            [text for chunk in staged.answers for text in chunk[3]],
+            np.concatenate([np.full(len(c[3]), c[4], dtype=np.float64) for c in staged.answers]),
+        )  # fmt: skip
         with (
             self._engine.connection() as con,
             con.cursor() as cur,
             cur.copy(
                 "COPY answers (org_id, key_hi, key_lo, fingerprint, status, body, created_at)"
-                " FROM STDIN"
+                " FROM STDIN (FORMAT BINARY)"
             ) as copy,
         ):
-            copy.write(copy_text(staged.answers))
+            copy.write(block)
 
     def committed(self, staged: _Staged) -> None:
         pass
