@@ -69,22 +69,21 @@ def copy_binary(
     parts = [_COPY_HEADER]
     for size in np.unique(sizes).tolist():
         rows = np.flatnonzero(sizes == size)
-        fields: list[tuple[str, str]] = [("count", ">i2")]
-        for name, kind in [*_ANSWER_FIELDS, ("body", f"S{size}"), ("created_at", ">f8")]:
-            if size or name != "body":  # an empty body is its length alone
-                fields += [(f"{name}_size", ">i4"), (name, kind)]
-            else:
-                fields.append((f"{name}_size", ">i4"))
+        fields = [("count", ">i2")]
+        for name, kind in _ANSWER_FIELDS:
+            fields += [(f"{name}_size", ">i4"), (name, kind)]
+        fields.append(("body_size", ">i4"))
+        if size:  # an empty body is its length alone
+            fields.append(("body", f"S{size}"))
+        fields += [("created_at_size", ">i4"), ("created_at", ">f8")]
         record = np.empty(len(rows), dtype=np.dtype(fields))
         record["count"] = 7
         for name, kind in _ANSWER_FIELDS:
             record[f"{name}_size"] = np.dtype(kind).itemsize
             record[name] = values[name][rows]
         record["body_size"] = size
-        if size and len(encoded) == 1:
-            record["body"] = blobs[0]
-        elif size:
-            record["body"] = [blobs[i] for i in rows.tolist()]
+        if size:
+            record["body"] = blobs[0] if len(encoded) == 1 else [blobs[i] for i in rows.tolist()]
         record["created_at_size"] = 8
         record["created_at"] = created_at[rows]
         parts.append(record.tobytes())
