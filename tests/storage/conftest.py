@@ -73,10 +73,16 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def open_stores(backend: str, engines: Engines, tmp_path: Path) -> Iterator[OpenStores]:
+def store_urls(backend: str, engines: Engines, tmp_path: Path) -> tuple[str, str]:
+    """This test's (metadata, points) URLs, for a process of its own to open."""
+    return BACKENDS[backend](engines, tmp_path)
+
+
+@pytest.fixture
+def open_stores(store_urls: tuple[str, str]) -> Iterator[OpenStores]:
     """Open (or reopen: the same files) this test's stores; all closed at the end."""
     opened: list[Stores] = []
-    metadata_url, points_url = BACKENDS[backend](engines, tmp_path)
+    metadata_url, points_url = store_urls
 
     def open_() -> Stores:
         stores = _open(metadata_url, points_url)

@@ -3,11 +3,17 @@ on every backend."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
+from instantml.storage.duckdb.growth import FOLD_ROWS
 from instantml.storage.protocols import Stores
-from instantml.storage.records import RANK, SCALAR, RunConflict, RunSpec
+from instantml.storage.records import RANK, SCALAR, RunConflict, RunRef, RunSpec, StorageError
 from tests.storage.conftest import OpenStores
+
+MONTH = "2026-12"
 
 
 def _spec(org: int, run_id: str, project: str = "p", **extra: object) -> RunSpec:
@@ -123,3 +129,112 @@ def test_series_extents_status_and_attributes(open_stores: OpenStores) -> None:
     )
     assert [r.run_id for r in again.list_runs(org, "p", 10)] == ["r"]
     assert again.list_runs(org, "other", 10) == [] and again.series(org, "nope") is None
+
+
+# A unit of one run writes its growth as one row on the embedded store, folded into the
+# runs every FOLD_ROWS units: these cross that boundary twice.
+UNITS = 2 * FOLD_ROWS + 5
+
+
+def _grow(stores: Stores, org: int, run: RunRef, i: int) -> None:
+    with stores.unit():
+        assert stores.ledger.charge(org, MONTH, 3, None)
+        stores.runs.extend({run.seq: (8 + i // 100, i)})
+        stores.runs.count_points({run.seq: 3})
+
+
+def _assert_grown(stores: Stores, org: int, units: int) -> None:
+    want = (8 + (units - 1) // 100, units - 1, 3 * units)
+    record = stores.runs.get_run(org, "g")
+    assert record is not None and (record.world_size, record.last_step, record.points) == want
+    (listed,) = stores.runs.list_runs(org, "p", 10)
+    assert (listed.world_size, listed.last_step, listed.points) == want
+    assert stores.ledger.used(org, MONTH) == 3 * units
+
+
+def test_run_extents_and_usage_in_every_unit_and_after_a_crash(
+    open_stores: OpenStores, store_urls: tuple[str, str]
+) -> None:
+    """Every committed unit's extent, points and usage are read back at once, and after
+    the process that wrote them died without closing its stores."""
+    stores = open_stores()
+    org, _ = stores.tenancy.ensure_org("o")
+    with stores.unit():
+        stores.runs.create(_spec(org, "g"))
+    run = stores.runs.resolve(org, ["g"])["g"]
+    assert run is not None
+    for i in range(UNITS):
+        _grow(stores, org, run, i)
+        _assert_grown(stores, org, i + 1)
+    with stores.unit():  # the answered record holds the unit's own growth
+        stores.runs.extend({run.seq: (0, UNITS)})
+        stores.runs.count_points({run.seq: 1})
+        assert stores.runs.set_status(run, "finished").points == 3 * UNITS + 1
+    stores.close()
+    code = f"""
+import os
+from instantml.storage import open_stores
+stores = open_stores({store_urls[0]!r}, {store_urls[1]!r})
+org, _ = stores.tenancy.ensure_org("o")
+run = stores.runs.resolve(org, ["g"])["g"]
+for i in range(40):
+    with stores.unit():
+        assert stores.ledger.charge(org, {MONTH!r}, 2, None)
+        stores.runs.extend({{run.seq: (0, {UNITS} + 1 + i)}})
+        stores.runs.count_points({{run.seq: 2}})
+os._exit(0)  # no close: what the units committed is all there is
+"""
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    stores = open_stores()
+    record = stores.runs.get_run(org, "g")
+    assert record is not None
+    assert (record.last_step, record.points) == (UNITS + 40, 3 * UNITS + 1 + 80)
+    assert stores.ledger.used(org, MONTH) == 3 * UNITS + 80
+    for _ in range(FOLD_ROWS):  # and on, through a fold of what the dead process left
+        with stores.unit():
+            stores.runs.count_points({run.seq: 1})
+    record = stores.runs.get_run(org, "g")
+    assert record is not None and record.points == 3 * UNITS + 81 + FOLD_ROWS
+
+
+def test_units_of_many_runs_and_orgs_and_of_a_deleted_run(open_stores: OpenStores) -> None:
+    stores = open_stores()
+    org, _ = stores.tenancy.ensure_org("o")
+    other, _ = stores.tenancy.ensure_org("other")
+    with stores.unit():
+        for org_id, run_id in ((org, "a"), (org, "b"), (other, "c"), (org, "gone")):
+            stores.runs.create(_spec(org_id, run_id))
+    refs = {
+        run_id: stores.runs.resolve(org_id, [run_id])[run_id]
+        for org_id, run_id in ((org, "a"), (org, "b"), (other, "c"), (org, "gone"))
+    }
+    a, b, c, gone = refs["a"], refs["b"], refs["c"], refs["gone"]
+    assert a is not None and b is not None and c is not None and gone is not None
+    with stores.unit():  # two runs, one org's charge
+        assert stores.ledger.charge(org, MONTH, 5, None)
+        stores.runs.extend({a.seq: (2, 7), b.seq: (4, 9)})
+        stores.runs.count_points({a.seq: 2, b.seq: 3})
+    with stores.unit():  # two orgs' charges, three runs
+        assert stores.ledger.charge(org, MONTH, 1, None)
+        assert stores.ledger.charge(other, MONTH, 6, None)
+        stores.runs.extend({a.seq: (0, 8), c.seq: (1, 0)})
+        stores.runs.count_points({a.seq: 1, c.seq: 6})
+    with stores.unit():  # a charge with no run grown
+        assert stores.ledger.charge(other, MONTH, 4, None)
+    grown = {
+        run_id: (r.world_size, r.last_step, r.points)
+        for org_id, run_id in ((org, "a"), (org, "b"), (other, "c"))
+        if (r := stores.runs.get_run(org_id, run_id)) is not None
+    }
+    assert grown == {"a": (2, 8, 3), "b": (4, 9, 3), "c": (1, 0, 6)}
+    assert (stores.ledger.used(org, MONTH), stores.ledger.used(other, MONTH)) == (6, 10)
+    with stores.unit():
+        assert stores.deletions.delete_run(org, "gone") is not None
+    for runs in ({gone.seq: 1}, {gone.seq: 1, a.seq: 1}):  # a ref this process still held
+        with pytest.raises(StorageError, match="deleted while being written"), stores.unit():
+            assert stores.ledger.charge(org, MONTH, 1, None)
+            stores.runs.extend({seq: (1, 50) for seq in runs})
+            stores.runs.count_points(runs)
+    a_now = stores.runs.get_run(org, "a")
+    assert a_now is not None and (a_now.last_step, a_now.points) == (8, 3)
+    assert stores.ledger.used(org, MONTH) == 6  # nothing of the failed units was kept

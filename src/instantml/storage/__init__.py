@@ -54,15 +54,19 @@ def _duckdb_engine(url: str, engines: _Engines) -> Any:
 def _duckdb_metadata(url: str, engines: _Engines) -> Metadata:
     from .deletion_sql import SqlDeletions
     from .duckdb import DuckDBHealth, DuckDBLedger, DuckDBTenancy, migrate_metadata
+    from .duckdb.growth import RunGrowth
     from .runs_sql import SqlRuns
 
     engine = _duckdb_engine(url, engines)
     migrate_metadata(engine)
-    runs = SqlRuns(engine)
-    return Metadata(
-        DuckDBTenancy(engine), runs, SqlDeletions(engine, runs), DuckDBLedger(engine),
+    growth = RunGrowth(engine)
+    runs = SqlRuns(engine, growth)
+    metadata = Metadata(
+        DuckDBTenancy(engine), runs, SqlDeletions(engine, runs), DuckDBLedger(engine, growth),
         DuckDBHealth(engine), engine.unit, engine.close,
     )  # fmt: skip
+    engine.join(growth)  # after the runs and the ledger, which stage into it
+    return metadata
 
 
 def _duckdb_points(url: str, engines: _Engines) -> Points:

@@ -101,7 +101,7 @@ class SqlDeletions:
         """Runs past their project's retention (``default_days`` where a project has no
         setting of its own; None: kept for ever), least recently written first."""
         rows = self._engine.read(
-            "SELECT r.org_id, r.run_id FROM runs r LEFT JOIN retention p"
+            f"SELECT r.org_id, r.run_id FROM {self._runs.read_from} r LEFT JOIN retention p"
             " ON p.org_id = r.org_id AND p.project = r.project"
             " WHERE CASE WHEN p.project IS NULL THEN CAST(%s AS DOUBLE PRECISION)"
             " ELSE p.days END IS NOT NULL"

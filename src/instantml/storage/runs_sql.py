@@ -7,15 +7,17 @@ Ids come from sequences, and a run's creation and a series' are ``INSERT ... ON
 CONFLICT``, so two writers creating the same one agree on it. What this object remembers
 are facts that never change once committed (a run id's number and project, a series' id,
 a lower bound of a run's extent and of a rank's last sighting): caches, bounded, never
-consulted for what might not exist yet, and taught only by committed units.
+consulted for what might not exist yet, and taught only by committed units. A unit's
+growth of its runs is an ``UPDATE`` of their rows, or, where the engine has a ``Growth``
+(DuckDB: ``duckdb/growth.py``), a row appended there, read through its view.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -56,13 +58,30 @@ class _Staged:
     nodes: dict[tuple[int, int], str] = field(default_factory=dict)  # (run, rank) -> node
 
 
+class Growth(Protocol):
+    """Where an engine keeps a unit's growth of its runs instead of ``UPDATE runs``
+    (DuckDB's ``duckdb/growth.py``): reads see it in ``view``."""
+
+    view: str
+    on_missing: Callable[[set[int]], None]
+
+    def grow(self, runs: Mapping[int, tuple[int, int, int]]) -> None: ...
+
+    def write(self) -> None: ...
+
+
 def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
 class SqlRuns:
-    def __init__(self, engine: SqlEngine) -> None:
+    def __init__(self, engine: SqlEngine, growth: Growth | None = None) -> None:
         self._engine = engine
+        self._growth = growth
+        # Where a run's record is read (its extent with every committed unit's growth).
+        self.read_from = "runs" if growth is None else growth.view
+        if growth is not None:
+            growth.on_missing = self._deleted_under
         self._runs: dict[tuple[int, str], RunRef] = {}
         self._series: dict[tuple[int, int, str], int] = {}
         # A run's (world size, last step) as stored at least: an extent no larger is not
@@ -85,7 +104,8 @@ class SqlRuns:
         if not self._engine.storable(run_id):
             return None
         rows = self._engine.read(
-            f"SELECT {RUN_COLUMNS} FROM runs WHERE org_id = %s AND run_id = %s", [org_id, run_id]
+            f"SELECT {RUN_COLUMNS} FROM {self.read_from} WHERE org_id = %s AND run_id = %s",
+            [org_id, run_id],
         )
         if not rows:
             return None
@@ -104,7 +124,7 @@ class SqlRuns:
         if not self._engine.storable(project):
             return []
         rows = self._engine.read(
-            f"SELECT {RUN_COLUMNS} FROM runs WHERE org_id = %s"
+            f"SELECT {RUN_COLUMNS} FROM {self.read_from} WHERE org_id = %s"
             " AND (CAST(%s AS TEXT) IS NULL OR project = %s)"
             " ORDER BY created_at DESC, run_seq DESC LIMIT %s",
             [org_id, project, project, limit],
@@ -194,9 +214,10 @@ class SqlRuns:
         )
         created = bool(rows)
         if not created:
-            self._flush_extents(staged)  # the record answered shows this unit's extents
+            self._flush_extents(staged, at_once=True)  # the record answered shows the unit's
             rows = self._engine.execute(
-                f"SELECT run_seq, {RUN_COLUMNS} FROM runs WHERE org_id = %s AND run_id = %s",
+                f"SELECT run_seq, {RUN_COLUMNS} FROM {self.read_from}"
+                " WHERE org_id = %s AND run_id = %s",
                 [spec.org_id, spec.run_id],
             )
         record = run_record(rows[0][1:])
@@ -206,7 +227,7 @@ class SqlRuns:
         return record, created
 
     def set_status(self, run: RunRef, status: str) -> RunRecord:
-        self._flush_extents(self._staging())
+        self._flush_extents(self._staging(), at_once=True)
         rows = self._engine.execute(
             f"UPDATE runs SET status = %s, updated_at = %s WHERE run_seq = %s"
             f" RETURNING {RUN_COLUMNS}",
@@ -214,6 +235,10 @@ class SqlRuns:
         )
         if not rows:
             self._deleted_under({run.seq})
+        if self._growth is not None:  # with the growth not yet folded into the row
+            rows = self._engine.execute(
+                f"SELECT {RUN_COLUMNS} FROM {self.read_from} WHERE run_seq = %s", [run.seq]
+            )
         return run_record(rows[0])
 
     def add_attributes(self, run: RunRef, attributes: list[dict[str, Any]], ts: float) -> None:
@@ -307,7 +332,9 @@ class SqlRuns:
 
     # ---- the unit ----
 
-    def _flush_extents(self, staged: _Staged) -> None:
+    def _flush_extents(self, staged: _Staged, at_once: bool = False) -> None:
+        """The unit's extents and points so far: written (``at_once``: where a read in the unit
+        sees them, as a growth is written only at the end of the unit otherwise)."""
         changed = {
             seq: extent
             for seq, extent in staged.extents.items()
@@ -319,6 +346,12 @@ class SqlRuns:
         if not changed and not counted:
             return
         seqs = sorted(changed.keys() | counted.keys())
+        if self._growth is not None:
+            self._growth.grow({q: (*changed.get(q, (0, -1)), counted.get(q, 0)) for q in seqs})
+            if at_once:
+                self._growth.write()
+            staged.written_extents.update(changed)
+            return
         sizes, lasts = map(list, zip(*(changed.get(q, (0, -1)) for q in seqs), strict=True))
         points = [counted.get(q, 0) for q in seqs]
         if len(seqs) == 1:  # nearly every unit

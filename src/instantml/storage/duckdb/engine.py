@@ -73,6 +73,8 @@ class Engine:
         self._lock = threading.RLock()
         self._units = Units(self._transaction)
         self._columns: dict[str, list[str]] = {}  # each table's, for append()
+        # What the stores do before the file is closed (each runs its own units).
+        self.closing: list[Callable[[], None]] = []
         # A unit's statements are a few texts, the same in every unit (a frame's as well:
         # its placeholders do not depend on its rows).
         self._parsed = functools.lru_cache(maxsize=1024)(self._parse)
@@ -228,6 +230,8 @@ class Engine:
 
     def close(self) -> None:
         if not self.closed:
+            for last_unit in self.closing:
+                last_unit()
             self.closed = True
             self.con.close()
 

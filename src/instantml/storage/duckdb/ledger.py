@@ -4,7 +4,8 @@ Process-local, and safe only because one process owns the file (docs/architectur
 in-flight claims (a set), what every stored key is known by in memory (so a new key, nearly
 every key, needs no lookup: ranges of n for keys ``<prefix>-<n>``, a Bloom filter for any
 other), and each org's count of this month's points (the usage table is append-only and
-summed on a miss). A shared metadata store replaces all three with rows.
+summed on a miss; a unit's charge is written with its run's growth, ``growth.py``). A
+shared metadata store replaces all three with rows.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 
 from ..records import Keys, Slot, StoredAnswer
 from .engine import Engine
+from .growth import RunGrowth
 from .keyfilter import KeyFilter, hashes
 from .keyranges import KeyRanges, idents
 from .upload_marks import UploadMarks
@@ -49,6 +51,11 @@ CREATE TABLE IF NOT EXISTS {table} (
     created_at DOUBLE NOT NULL, seq BIGINT, seq_n BIGINT);
 CREATE INDEX IF NOT EXISTS {table}_key_hi ON {table} (key_hi);
 """
+# An org's month's usage: the folded charges, and those of units not yet folded (growth.py).
+USED = (
+    "SELECT (SELECT coalesce(sum(points), 0) FROM usage_log WHERE org_id = ? AND month = ?)"
+    " + (SELECT coalesce(sum(charged), 0) FROM run_growth WHERE org_id = ? AND month = ?)"
+)
 SEQ_COLUMNS = """
 ALTER TABLE {table} ADD COLUMN IF NOT EXISTS seq BIGINT;
 ALTER TABLE {table} ADD COLUMN IF NOT EXISTS seq_n BIGINT;
@@ -83,8 +90,9 @@ class _Staged:
 class DuckDBLedger:
     shared_claims = False  # one process holds the file: its claims are a set in memory
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, growth: RunGrowth) -> None:
         self._engine = engine
+        self._growth = growth
         self._partitions = self._find_partitions()
         for number in self._partitions:
             engine.run(SEQ_COLUMNS.format(table=partition_table(number)))
@@ -245,10 +253,7 @@ class DuckDBLedger:
             return used
         in_unit = self._engine.in_unit
         cur = self._engine.con if in_unit else self._engine.cursor()
-        rows = cur.execute(
-            "SELECT coalesce(sum(points), 0) FROM usage_log WHERE org_id = ? AND month = ?",
-            [org_id, month],
-        ).fetchall()
+        rows = cur.execute(USED, [org_id, month, org_id, month]).fetchall()
         used = int(rows[0][0])
         if in_unit:
             # Only the writing thread fills the count: a read on another thread may race a
@@ -268,6 +273,7 @@ class DuckDBLedger:
             return False
         slot = (org_id, month)
         self._staged.charges[slot] = self._staged.charges.get(slot, 0) + points
+        self._growth.charge(org_id, month, points)  # written with the unit's run growth
         return True
 
     # ---- the unit ----
@@ -277,20 +283,6 @@ class DuckDBLedger:
 
     def flush(self, staged: _Staged) -> None:
         engine = self._engine
-        charges = {slot: n for slot, n in staged.charges.items() if n}
-        if charges:
-            slots = list(charges)
-            with engine.rows(
-                "usage_batch",
-                {
-                    "org_id": ([o for o, _ in slots], np.int32),
-                    "month": ([m for _, m in slots], object),
-                    "points": ([charges[s] for s in slots], np.int64),
-                },
-            ) as (source, params):
-                engine.run(
-                    f"INSERT INTO usage_log SELECT org_id, month, points FROM {source}", params
-                )
         if staged.answers:
             chunks = staged.answers
             frame = {

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from ..migrations import Migration, migrate
 from ..sql import Execute
+from . import growth
 from .engine import Engine
 
 _VERSION_1 = """
@@ -81,6 +82,8 @@ _VERSION_4 = "ALTER TABLE run_ranks ADD COLUMN node VARCHAR"
 
 MIGRATIONS: dict[int, Migration] = {
     1: _VERSION_1, 2: _sequences, 3: _VERSION_3, 4: _VERSION_4,
+    # What units add to runs and usage, folded in later (growth.py), and runs seen with it.
+    5: growth.SCHEMA,
 }  # fmt: skip
 
 
