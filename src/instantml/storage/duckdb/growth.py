@@ -11,9 +11,9 @@ first), and every ``FOLD_ROWS`` rows a unit folds the table into ``runs`` and
 Nothing is in memory but a count of the rows: reads see ``runs_now`` (the runs with their
 rows not yet folded added, in the same snapshot), a usage miss sums both tables, and a
 crash leaves committed rows to be folded by a later unit, with no recovery to run (a
-clean close folds them). A row
-is appended only for a run that exists (``INSERT ... SELECT ... FROM runs``), so a run
-deleted while being written fails the unit as the ``UPDATE`` it replaces did.
+clean close folds them). A row is appended only for a run that exists (``INSERT ...
+SELECT ... FROM runs``), so a run deleted while being written fails the unit as the
+``UPDATE`` it replaces did.
 """
 
 from __future__ import annotations
