@@ -19,7 +19,9 @@
    answers, in this process, one unit per batch, no HTTP.
 3. **Per process on the scale-out stores**: the same ingest (3 keys) and an
    ``instantml sync`` drain of --sync-events events on PostgreSQL + chdb next to the
-   embedded store: each ratio to the embedded store's.
+   embedded store: each ratio to the embedded store's; and the CPU an event of the
+   server's processes, PostgreSQL's and the client (from /proc, Linux), with the cores
+   that 0.8 of the embedded store's rate would take at that cost.
 4. **Sync drain**: ``instantml sync`` draining --sync-events events (8 ranks' spool
    segments) into the embedded server: events/s as it reports.
 
@@ -34,6 +36,7 @@ import argparse
 import http.client
 import multiprocessing
 import os
+import resource
 import socket
 import statistics
 import subprocess
@@ -367,11 +370,58 @@ def part_ingest(args: argparse.Namespace, tmp: Path, env: dict[str, str]) -> Non
               f" | ratio {ours / floor:.2f}")  # fmt: skip
 
 
+def tree_cpu(root: int | None) -> float:
+    """CPU seconds (user + system) that the live processes of the tree under ``root`` have
+    used, from /proc (Linux; 0 elsewhere)."""
+    if root is None or not Path("/proc/self/stat").exists():
+        return 0.0
+    parents, used = {}, {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone since listed
+            continue
+        pid = int(stat.parent.name)
+        parents[pid] = int(fields[1])
+        used[pid] = int(fields[11]) + int(fields[12])  # utime, stime (ticks)
+    tree, grew = {root}, True
+    while grew:
+        more = {pid for pid, parent in parents.items() if parent in tree} - tree
+        tree |= more
+        grew = bool(more)
+    return sum(used.get(pid, 0) for pid in tree) / os.sysconf("SC_CLK_TCK")
+
+
+class Cpu:
+    """CPU seconds of the server's processes, PostgreSQL's and the client (this process and
+    the commands it waited for), over a ``with`` block."""
+
+    def __init__(self, server: ServerProcess, postgres: int | None) -> None:
+        self.roots = {"server": server.proc.pid, "PostgreSQL": postgres}
+        self.used: dict[str, float] = {}
+
+    def _now(self) -> dict[str, float]:
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        now = {name: tree_cpu(pid) for name, pid in self.roots.items()}
+        now["client"] = time.process_time() + children.ru_utime + children.ru_stime
+        return now
+
+    def __enter__(self) -> Cpu:
+        self._start = self._now()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        end = self._now()
+        for name, value in end.items():
+            self.used[name] = self.used.get(name, 0.0) + value - self._start[name]
+
+
 def part_stores(args: argparse.Namespace, tmp: Path, env: dict[str, str]) -> None:
     from tests.postgres import Cluster
 
     med = statistics.median
     cluster = Cluster()
+    postmaster = int((cluster.data / "postmaster.pid").read_text().split()[0])
     try:
         configs = {
             "embedded (DuckDB)": {},
@@ -380,18 +430,28 @@ def part_stores(args: argparse.Namespace, tmp: Path, env: dict[str, str]) -> Non
                 "INSTANTML_POINTS_URL": f"chdb://{tmp / 'points'}",
             },
         }
-        rows = {}
+        rows, cpu = {}, {}
         for name, stores in configs.items():
             data = tmp / f"stores-{len(rows)}"
             with ServerProcess(data, env={**env, **stores}) as server:
                 _warm(server, args)
                 ingests, syncs = [], []
+                spent = {"ingest": Cpu(server, postmaster), "sync": Cpu(server, postmaster)}
                 for trial in range(args.trials):
-                    ingests.append(_ingest_rate(server, args, 3))
+                    with spent["ingest"]:
+                        ingests.append(_ingest_rate(server, args, 3))
                     spool = data.parent / f"spool-{len(rows)}-{trial}"
                     fill_spool(spool, args.sync_events, new_run(server))
-                    syncs.append(drain(spool, server)[1])
+                    with spent["sync"]:
+                        syncs.append(drain(spool, server)[1])
             rows[name] = (med(ingests), med(syncs))
+            cpu[name] = {
+                what: {k: v / (args.trials * events) for k, v in c.used.items()}
+                for what, c, events in (
+                    ("ingest", spent["ingest"], args.batch * args.batches),
+                    ("sync", spent["sync"], args.sync_events),
+                )
+            }
     finally:
         cluster.stop()
     print(f"\nper process, PostgreSQL + chdb against the embedded store, medians of {args.trials}:")
@@ -401,6 +461,19 @@ def part_stores(args: argparse.Namespace, tmp: Path, env: dict[str, str]) -> Non
         )
     (a, b), (c, d) = rows.values()
     print(f"  ratio: ingest {c / a:.2f}, sync {d / b:.2f}")
+    # What 0.8 of the embedded store's rate would take in CPU at these costs an event: the
+    # floor a faster pipeline cannot go under without less CPU an event.
+    print("  CPU an event (µs: server processes + PostgreSQL + client) and the cores that")
+    print("  0.8 of the embedded store's rate would take at that cost:")
+    for what, embedded_rate in (("ingest", a), ("sync", b)):
+        for name in rows:
+            used = cpu[name][what]
+            total = sum(used.values())
+            parts = " + ".join(f"{used[k] * 1e6:.1f}" for k in ("server", "PostgreSQL", "client"))
+            print(
+                f"    {what:<6} {name:<18}: {parts} = {total * 1e6:6.1f} µs"
+                f" -> {total * 0.8 * embedded_rate:4.2f} cores (this machine: {os.cpu_count()})"
+            )
 
 
 def part_sync(args: argparse.Namespace, tmp: Path, env: dict[str, str]) -> None:
